@@ -1,0 +1,45 @@
+"""disttensor: numpy programs sharded over a process mesh, run with ``mpiexec -n N``.
+
+See docs/ for the guide and ../DESIGN.md for the architecture. Importing starts no MPI work.
+"""
+
+from .comm import RankAborted, barrier, get_rank, get_world_size, simulate
+from .comm.mpi import install_abort_hook
+from .creation import arange, empty, full, manual_seed, ones, rand, randn, zeros
+from .debug import CommCounter
+from .mesh import ProcessMesh, init_mesh
+from .placement import Partial, Placement, Replicate, Shard
+from .spec import DistSpec
+from .tensor import DistTensor, dtensor_from_local, reshard, shard_tensor
+
+install_abort_hook()  # an uncaught exception on one rank ends the whole mpiexec job
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CommCounter",
+    "DistSpec",
+    "DistTensor",
+    "Partial",
+    "Placement",
+    "ProcessMesh",
+    "RankAborted",
+    "Replicate",
+    "Shard",
+    "arange",
+    "barrier",
+    "dtensor_from_local",
+    "empty",
+    "full",
+    "get_rank",
+    "get_world_size",
+    "init_mesh",
+    "manual_seed",
+    "ones",
+    "rand",
+    "randn",
+    "reshard",
+    "shard_tensor",
+    "simulate",
+    "zeros",
+]

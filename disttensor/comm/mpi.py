@@ -1,0 +1,162 @@
+"""MPI backend over mpi4py's buffer (upper-case) calls: tensor data is never pickled.
+
+Data movement (gather, all-to-all, broadcast, send/recv) sends raw bytes, so every numpy dtype
+works. Reductions use MPI's types: bool is reduced as uint8 with MAX/MIN (logical or/and), and
+float16, which MPI lacks, is reduced in float32.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+
+from .base import Communicator, Work, displacements
+
+_OPS = {}
+
+
+def _mpi():
+    from mpi4py import MPI  # lazy: importing disttensor must not initialize MPI
+
+    if not _OPS:
+        _OPS.update(sum=MPI.SUM, avg=MPI.SUM, max=MPI.MAX, min=MPI.MIN)
+    return MPI
+
+
+def _bytes(a: np.ndarray) -> np.ndarray:
+    return a.reshape(-1).view(np.uint8)
+
+
+class MPIComm(Communicator):
+    backend = "mpi"
+
+    def __init__(self, comm, ranks: tuple[int, ...]) -> None:
+        super().__init__()
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        self.ranks = ranks
+
+    def _new_group(self, ranks: tuple[int, ...]) -> Communicator:
+        MPI = _mpi()
+        local = [self.ranks.index(r) for r in ranks]
+        group = self.comm.Get_group().Incl(local)
+        # MPI_Comm_create_group is collective over the new group's members only, so ranks
+        # outside a mesh never have to take part. The tag separates concurrent creations.
+        sub = self.comm.Create_group(group, tag=hash(ranks) % 32749)
+        group.Free()
+        assert sub != MPI.COMM_NULL
+        return MPIComm(sub, ranks)
+
+    # Reductions -------------------------------------------------------------------------------
+    def _reduce_view(self, send: np.ndarray, recv: np.ndarray, op: str):
+        """Buffers and MPI op for a reduction, with the dtype work-arounds of the module doc."""
+        if send.dtype == np.bool_:
+            return _bytes(send), _bytes(recv), _OPS["min" if op == "min" else "max"], None
+        if send.dtype == np.float16:
+            wide = np.empty(recv.shape, np.float32)
+            return send.astype(np.float32), wide, _OPS[op], wide
+        return send, recv, _OPS[op], None
+
+    def _finish(self, recv: np.ndarray, wide, op: str) -> None:
+        if wide is not None:
+            if op == "avg":
+                wide /= self.size
+            recv[...] = wide.reshape(recv.shape)
+        elif op == "avg":
+            recv /= self.size
+
+    def _allreduce(self, send, recv, op):
+        _mpi()
+        s, r, mop, wide = self._reduce_view(send, recv, op)
+        self.comm.Allreduce(s, r, mop)
+        self._finish(recv, wide, op)
+
+    def _iallreduce(self, send, recv, op):
+        _mpi()
+        s, r, mop, wide = self._reduce_view(send, recv, op)
+        req = self.comm.Iallreduce(s, r, mop)
+
+        def wait() -> None:
+            req.Wait()
+            self._finish(recv, wide, op)
+
+        return Work(wait)
+
+    def _reduce_scatter(self, send, recv, counts, op):
+        _mpi()
+        s, r, mop, wide = self._reduce_view(send, recv, op)
+        self.comm.Reduce_scatter(s, r, list(counts), mop)  # bool is 1 byte: counts hold
+        self._finish(recv, wide, op)
+
+    # Data movement ------------------------------------------------------------------------
+    def _allgather(self, send, recv, counts):
+        MPI = _mpi()
+        b = [c * send.itemsize for c in counts]
+        self.comm.Allgatherv(_bytes(send), [_bytes(recv), b, displacements(b), MPI.BYTE])
+
+    def _alltoall(self, send, send_counts, recv, recv_counts):
+        MPI = _mpi()
+        sb = [c * send.itemsize for c in send_counts]
+        rb = [c * recv.itemsize for c in recv_counts]
+        self.comm.Alltoallv(
+            [_bytes(send), sb, displacements(sb), MPI.BYTE],
+            [_bytes(recv), rb, displacements(rb), MPI.BYTE],
+        )
+
+    def _broadcast(self, buf, root):
+        self.comm.Bcast(_bytes(buf), root)
+
+    def _isend(self, buf, dest, tag):
+        return Work(self.comm.Isend(_bytes(buf), dest, tag).Wait)
+
+    def _irecv(self, buf, source, tag):
+        return Work(self.comm.Irecv(_bytes(buf), source, tag).Wait)
+
+    def _barrier(self):
+        self.comm.Barrier()
+
+    def _allgather_object(self, obj):
+        return self.comm.allgather(obj)
+
+
+def world_comm() -> MPIComm:
+    MPI = _mpi()
+    w = MPI.COMM_WORLD
+    return MPIComm(w, tuple(range(w.Get_size())))
+
+
+def _abort_on_uncaught(exc_type, exc, tb) -> None:
+    """sys.excepthook: show the traceback, then end the whole MPI job.
+
+    Without this a rank that dies leaves the others blocked in their next collective and
+    mpiexec waits forever; mpi4py's own ``python -m mpi4py`` does the same.
+    """
+    _previous_hook(exc_type, exc, tb)
+    MPI = sys.modules.get("mpi4py.MPI")
+    if MPI is None or not MPI.Is_initialized() or MPI.Is_finalized():
+        return  # no MPI yet: this process exits non-zero and mpiexec ends the job
+    if MPI.COMM_WORLD.Get_size() > 1:
+        try:
+            sys.stderr.write(
+                f"disttensor: uncaught {exc_type.__name__} on rank {MPI.COMM_WORLD.Get_rank()}; "
+                "aborting the MPI job\n"
+            )
+            sys.stderr.flush()
+            sys.stdout.flush()
+        finally:
+            MPI.COMM_WORLD.Abort(1)
+
+
+_previous_hook = sys.excepthook
+
+
+def install_abort_hook() -> None:
+    """Install the hook once; DISTTENSOR_NO_ABORT=1 leaves sys.excepthook alone."""
+    global _previous_hook
+    if os.environ.get("DISTTENSOR_NO_ABORT") == "1" or sys.excepthook is _abort_on_uncaught:
+        return
+    _previous_hook = sys.excepthook
+    sys.excepthook = _abort_on_uncaught

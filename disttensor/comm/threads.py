@@ -1,0 +1,227 @@
+"""In-process backend: N simulated ranks as threads of one process, no MPI needed.
+
+Every collective is a rendezvous: each rank posts its buffer, all meet at a barrier, each
+computes its own result from the posted buffers, and all meet again before the slots are
+reused. A rank that raises aborts the others at their next rendezvous, and a rendezvous that
+waits longer than ``timeout`` seconds fails with a message naming the collective, so a
+mismatched program ends instead of hanging.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .base import Communicator, Work, displacements, reduce_arrays
+
+
+class RankAborted(RuntimeError):
+    """Raised on simulated ranks that stop because another rank failed."""
+
+
+class _World:
+    def __init__(self, size: int, timeout: float) -> None:
+        self.size = size
+        self.timeout = timeout
+        self.lock = threading.Lock()
+        self.groups: dict[tuple[int, ...], _Group] = {}
+        self.mailboxes: dict[tuple, queue.Queue] = {}
+        self.failed: tuple[int, BaseException] | None = None
+
+    def group(self, ranks: tuple[int, ...]) -> _Group:
+        with self.lock:
+            g = self.groups.get(ranks)
+            if g is None:
+                g = self.groups[ranks] = _Group(ranks, self)
+            return g
+
+    def mailbox(self, key: tuple) -> queue.Queue:
+        with self.lock:
+            return self.mailboxes.setdefault(key, queue.Queue())
+
+    def fail(self, rank: int, exc: BaseException) -> None:
+        with self.lock:
+            if self.failed is None:
+                self.failed = (rank, exc)
+            groups = list(self.groups.values())
+        for g in groups:
+            g.barrier.abort()
+
+    def check(self) -> None:
+        if self.failed is not None:
+            raise RankAborted(f"stopped because simulated rank {self.failed[0]} failed")
+
+
+class _Group:
+    def __init__(self, ranks: tuple[int, ...], world: _World) -> None:
+        self.ranks = ranks
+        self.world = world
+        self.slots: list[Any] = [None] * len(ranks)
+        self.barrier = threading.Barrier(len(ranks))
+
+    def _meet(self, what: str) -> None:
+        try:
+            self.barrier.wait(self.world.timeout)
+        except threading.BrokenBarrierError:
+            self.world.check()
+            raise TimeoutError(
+                f"{what} on ranks {list(self.ranks)} waited more than {self.world.timeout:g} s: "
+                "some rank did not reach it. Every rank of the group must call the same "
+                "collectives in the same order."
+            ) from None
+
+    def exchange(self, i: int, item: Any, what: str, compute: Callable[[list], Any]) -> Any:
+        """Post ``item``, then return ``compute(all posted items)`` once every rank has posted."""
+        self.world.check()
+        self.slots[i] = item
+        self._meet(what)
+        try:
+            return compute(list(self.slots))
+        finally:
+            self._meet(what)  # nobody reuses the slots before everyone has read them
+
+
+class ThreadComm(Communicator):
+    backend = "threads"
+
+    def __init__(self, world: _World, ranks: tuple[int, ...], rank: int) -> None:
+        super().__init__()
+        self.world = world
+        self.ranks = ranks
+        self.rank = rank
+        self.size = len(ranks)
+        self._group = world.group(ranks)
+
+    def _new_group(self, ranks):
+        return ThreadComm(self.world, ranks, ranks.index(self.ranks[self.rank]))
+
+    def _x(self, item, what, compute):
+        return self._group.exchange(self.rank, item, what, compute)
+
+    def _allreduce(self, send, recv, op):
+        def compute(items):
+            recv[...] = reduce_arrays(items, op).reshape(recv.shape)
+
+        self._x(send, "all_reduce", compute)
+
+    def _allgather(self, send, recv, counts):
+        def compute(items):
+            flat = recv.reshape(-1)
+            for d, c, a in zip(displacements(counts), counts, items):
+                flat[d : d + c] = a.reshape(-1)
+
+        self._x(send, "all_gather", compute)
+
+    def _reduce_scatter(self, send, recv, counts, op):
+        d = displacements(counts)[self.rank]
+        c = counts[self.rank]
+
+        def compute(items):
+            mine = [a.reshape(-1)[d : d + c] for a in items]
+            recv.reshape(-1)[...] = reduce_arrays(mine, op)
+
+        self._x(send, "reduce_scatter", compute)
+
+    def _alltoall(self, send, send_counts, recv, recv_counts):
+        def compute(items):
+            flat = recv.reshape(-1)
+            for j, (d, c) in enumerate(zip(displacements(recv_counts), recv_counts)):
+                their_buf, their_counts = items[j]
+                start = displacements(their_counts)[self.rank]
+                flat[d : d + c] = their_buf.reshape(-1)[start : start + c]
+
+        self._x((send, list(send_counts)), "all_to_all", compute)
+
+    def _broadcast(self, buf, root):
+        def compute(items):
+            if self.rank != root:
+                buf[...] = items[root]
+
+        self._x(buf, "broadcast", compute)
+
+    def _box(self, src: int, dst: int, tag: int) -> queue.Queue:
+        return self.world.mailbox((self.ranks, self.ranks[src], self.ranks[dst], tag))
+
+    def _isend(self, buf, dest, tag):
+        self._box(self.rank, dest, tag).put(np.array(buf, copy=True))
+        return Work()
+
+    def _irecv(self, buf, source, tag):
+        box = self._box(source, self.rank, tag)
+
+        def wait() -> None:
+            waited = 0.0
+            while True:
+                self.world.check()
+                try:
+                    buf[...] = box.get(timeout=0.05)
+                    return
+                except queue.Empty:
+                    waited += 0.05
+                    if waited > self.world.timeout:
+                        raise TimeoutError(
+                            f"recv on rank {self.ranks[self.rank]} from rank "
+                            f"{self.ranks[source]} (tag {tag}) waited more than "
+                            f"{self.world.timeout:g} s: no matching send"
+                        ) from None
+
+        return Work(wait)
+
+    def _barrier(self):
+        self._x(None, "barrier", lambda items: None)
+
+    def _allgather_object(self, obj):
+        return self._x(obj, "all_gather_object", list)
+
+
+def simulate(
+    world_size: int, fn: Callable[..., Any], *args: Any, timeout: float = 60.0, **kwargs: Any
+) -> list[Any]:
+    """Run ``fn(*args, **kwargs)`` as an SPMD program on ``world_size`` simulated ranks.
+
+    Returns the per-rank results. If a rank raises, its exception is re-raised here (the
+    others stop at their next collective). No MPI is involved.
+
+    >>> import disttensor as dt
+    >>> dt.simulate(3, dt.get_rank)
+    [0, 1, 2]
+    """
+    from . import _set_world, world_size_in_context
+
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"simulate needs a world_size >= 1, got {world_size!r}")
+    if world_size_in_context() is not None:
+        raise RuntimeError("dt.simulate cannot be nested inside another dt.simulate")
+    world = _World(world_size, timeout)
+    everyone = tuple(range(world_size))
+    results: list[Any] = [None] * world_size
+    errors: list[BaseException | None] = [None] * world_size
+
+    def run(rank: int) -> None:
+        _set_world(ThreadComm(world, everyone, rank))
+        try:
+            results[rank] = fn(*args, **kwargs)
+        except BaseException as e:
+            errors[rank] = e
+            world.fail(rank, e)
+        finally:
+            _set_world(None)
+
+    threads = [threading.Thread(target=run, args=(r,), name=f"dt-rank-{r}") for r in everyone]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    real = [
+        (r, e) for r, e in enumerate(errors) if e is not None and not isinstance(e, RankAborted)
+    ]
+    if real:
+        rank, exc = real[0]
+        if hasattr(exc, "add_note"):
+            exc.add_note(f"(raised on simulated rank {rank} of {world_size})")
+        raise exc
+    return results

@@ -1,0 +1,165 @@
+"""Factories that allocate only the local shard: zeros, ones, full, empty, arange, rand, randn.
+
+``rand``/``randn`` use a counter-based generator (``_philox.py``): element i of the global
+tensor is a function of (seed, i) alone, so every mesh and placement gives bit-identical global
+values, equal to what one process draws, without the global tensor ever existing.
+
+>>> import disttensor as dt
+>>> mesh = dt.ProcessMesh([0])
+>>> dt.arange(4, mesh=mesh, placements=[dt.Shard(0)]).to_local()
+array([0, 1, 2, 3])
+>>> bool((dt.rand((2, 3), seed=7, mesh=mesh, placements=[dt.Shard(1)]).to_local() < 1).all())
+True
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from . import _philox, comm
+from .mesh import ProcessMesh
+from .placement import Placement, Replicate
+from .spec import DistSpec
+from .tensor import DistTensor, check_world, from_spec_block
+
+
+def _spec(
+    shape: Any,
+    dtype: Any,
+    mesh: ProcessMesh | None,
+    placements: Sequence[Placement] | None,
+    what: str,
+) -> DistSpec:
+    if mesh is None:  # default: the whole world as a 1-D mesh, replicated
+        mesh = ProcessMesh(list(range(comm.get_world_size())))
+    check_world(mesh, what)
+    if placements is None:
+        placements = [Replicate()] * mesh.ndim
+    if isinstance(shape, (int, np.integer)):
+        shape = (int(shape),)
+    try:
+        shape = tuple(int(s) for s in shape)
+    except TypeError:
+        raise TypeError(
+            f"{what}: shape must be an int or a sequence of ints, got {shape!r}"
+        ) from None
+    return DistSpec.make(mesh, placements, shape, dtype)
+
+
+def _factory(fill):
+    def make(shape, dtype=None, *, mesh=None, placements=None, requires_grad=False):
+        spec = _spec(shape, np.float64 if dtype is None else dtype, mesh, placements, fill.__name__)
+        return from_spec_block(
+            lambda sl: fill(tuple(s.stop - s.start for s in sl), spec.dtype), spec, requires_grad
+        )
+
+    make.__name__ = fill.__name__
+    make.__doc__ = f"The global tensor of ``np.{fill.__name__}(shape, dtype)``, local shard only."
+    return make
+
+
+zeros = _factory(np.zeros)
+ones = _factory(np.ones)
+empty = _factory(np.empty)
+
+
+def full(
+    shape: Any,
+    fill_value: Any,
+    dtype: Any = None,
+    *,
+    mesh: ProcessMesh | None = None,
+    placements: Sequence[Placement] | None = None,
+    requires_grad: bool = False,
+) -> DistTensor:
+    """The global tensor of ``np.full(shape, fill_value, dtype)``, local shard only."""
+    dtype = np.asarray(fill_value).dtype if dtype is None else dtype
+    spec = _spec(shape, dtype, mesh, placements, "full")
+    return from_spec_block(
+        lambda sl: np.full(tuple(s.stop - s.start for s in sl), fill_value, spec.dtype),
+        spec,
+        requires_grad,
+    )
+
+
+def arange(
+    start: Any,
+    stop: Any = None,
+    step: Any = 1,
+    dtype: Any = None,
+    *,
+    mesh: ProcessMesh | None = None,
+    placements: Sequence[Placement] | None = None,
+    requires_grad: bool = False,
+) -> DistTensor:
+    """``np.arange`` as a 1-D DistTensor; each rank computes its own values (same as numpy's)."""
+    if stop is None:
+        start, stop = 0, start
+    if step == 0:
+        raise ValueError("arange: step must not be zero")
+    # numpy's own dtype and first two values; it fills the rest as first + i * (second - first)
+    head = np.arange(start, start + 2 * step, step, dtype=dtype)
+    n = max(0, math.ceil((stop - start) / step))
+    spec = _spec((n,), head.dtype, mesh, placements, "arange")
+    first = head[0]
+    delta = head[1] - head[0] if len(head) > 1 else head.dtype.type(step)
+
+    def block(sl):
+        i = np.arange(sl[0].start, sl[0].stop)
+        out = (first + i * delta).astype(spec.dtype)
+        if len(out) and sl[0].start == 0:
+            out[0] = first
+        return out
+
+    return from_spec_block(block, spec, requires_grad)
+
+
+# -- random ------------------------------------------------------------------------------------
+_rng = threading.local()  # per thread, so simulated ranks each keep their own (equal) stream
+
+
+def manual_seed(seed: int) -> None:
+    """Seed the stream that ``rand``/``randn`` use when no ``seed=`` is given.
+
+    Unseeded calls take the next stream of that seed in program order, so all ranks agree as
+    long as they make the same calls (they must anyway). The default seed is 0.
+    """
+    _rng.seed, _rng.calls = int(seed), 0
+
+
+def _draw(kind: int, seed: int | None) -> tuple[int, int]:
+    """(seed, stream): stream 2*c + kind, c = 0 for an explicit seed, else 1, 2, ... per call."""
+    if seed is not None:
+        return int(seed), kind
+    if not hasattr(_rng, "seed"):
+        manual_seed(0)
+    _rng.calls += 1
+    return _rng.seed, 2 * _rng.calls + kind
+
+
+def _random(draw, kind: int, name: str):
+    def make(shape, dtype=None, *, seed=None, mesh=None, placements=None, requires_grad=False):
+        dtype = np.dtype(np.float64 if dtype is None else dtype)
+        if dtype not in (np.float32, np.float64):
+            raise TypeError(f"{name}: dtype must be float32 or float64, got {dtype}")
+        spec = _spec(shape, dtype, mesh, placements, name)
+        s, stream = _draw(kind, seed)
+        return from_spec_block(
+            lambda sl: draw(s, stream, spec.shape, sl, dtype), spec, requires_grad
+        )
+
+    make.__name__ = name
+    return make
+
+
+rand = _random(_philox.uniform, 0, "rand")
+rand.__doc__ = "Uniform [0, 1) values; with a seed the same global values on every mesh/placement."
+randn = _random(_philox.normal, 1, "randn")
+randn.__doc__ = (
+    "Standard normal values; with a seed the same global values on every mesh/placement."
+)

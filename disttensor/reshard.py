@@ -1,0 +1,353 @@
+"""Reshard: move a tensor's local data from one DistSpec to another.
+
+Two parts:
+
+* ``plan`` is pure and cached: (mesh shape, source placements, target placements) -> 1-D
+  steps. It is a cheapest-path search over states (one placement per mesh dim), where each
+  move changes one mesh dim by one transition of the table below, allowed only where it is
+  exact (Note [Nested sharding], Note [Partial order] in spec.py), and costed by the bytes it
+  moves. So N-D meshes, nested shards and mixed Partials all get a valid, cheap order.
+* ``execute`` runs the steps on this rank's local array with the mesh dim's sub-communicator.
+
+    ==============  ===============  ====================================
+    from            to               how
+    ==============  ===============  ====================================
+    Shard(d)        Replicate        all-gather
+    Partial         Replicate        all-reduce
+    Partial         Shard(d)         reduce-scatter
+    Shard(d)        Shard(e)         all-to-all
+    Replicate       Shard(d)         local slice, no communication
+    Replicate       Partial          local (sum: zeros off coordinate 0)
+    ==============  ===============  ====================================
+
+Anything else goes through Replicate. Mesh dims of size 1 are relabelled for free. A move to
+another mesh resolves Partials, then sends each target rank the boxes it needs (send/recv).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from . import comm
+from .placement import Partial, Placement, Replicate, Shard, commutes
+from .spec import DistSpec, split_offset, split_sizes
+
+_R = Replicate()
+
+
+@dataclass(frozen=True)
+class Step:
+    """One 1-D transition on ``mesh_dim``."""
+
+    mesh_dim: int
+    src: Placement
+    dst: Placement
+
+    @property
+    def kind(self) -> str:
+        s, d = self.src, self.dst
+        if s.is_shard():
+            return "all_gather" if d.is_replicate() else "all_to_all"
+        if s.is_partial():
+            return "all_reduce" if d.is_replicate() else "reduce_scatter"
+        return "slice" if d.is_shard() else "to_partial"
+
+    def __repr__(self) -> str:
+        return f"{self.kind}(mesh_dim={self.mesh_dim}: {self.src} -> {self.dst})"
+
+
+# -- planner ---------------------------------------------------------------------------------
+def _valid(state: tuple[Placement, ...], m: int, q: Placement) -> bool:
+    p = state[m]
+    if p.is_partial() and not q.is_replicate() and not q.is_shard():
+        return False  # Partial(a) -> Partial(b) goes through Replicate
+    if p.is_shard() and q.is_partial():
+        return False
+    later = state[m + 1 :]
+    for pl in (p, q):  # Note [Nested sharding]: only the innermost split of an axis may change
+        if isinstance(pl, Shard) and any(isinstance(x, Shard) and x.dim == pl.dim for x in later):
+            return False
+    if isinstance(p, Partial):  # Note [Partial order]: inner Partials must commute with this one
+        if any(
+            isinstance(x, Partial) and not commutes(p.reduce_type, x.reduce_type) for x in later
+        ):
+            return False
+    return True
+
+
+def _cost(mesh_shape: tuple[int, ...], state: tuple[Placement, ...], m: int, q: Placement) -> float:
+    """Bytes per rank (in units of the whole tensor) a step moves, plus a small per-step price."""
+    k = mesh_shape[m]
+    f = 1.0 / math.prod(n for j, n in enumerate(mesh_shape) if j != m and state[j].is_shard())
+    p = state[m]
+    wire = (k - 1) / k * f
+    if p.is_shard():
+        c = wire if q.is_replicate() else wire / k
+    elif p.is_partial():
+        c = 2 * wire if q.is_replicate() else wire
+    else:
+        c = 0.01 * f / k  # a local copy
+    return c + 1e-4
+
+
+@lru_cache(maxsize=4096)
+def plan(
+    mesh_shape: tuple[int, ...], src: tuple[Placement, ...], dst: tuple[Placement, ...]
+) -> tuple[Step, ...]:
+    """The cheapest valid sequence of 1-D steps from ``src`` to ``dst`` placements.
+
+    >>> plan((2, 2), (Shard(0), Shard(1)), (Replicate(), Shard(1)))
+    (all_gather(mesh_dim=0: Shard(dim=0) -> Replicate()),)
+    >>> plan((2,), (Partial(),), (Shard(0),))
+    (reduce_scatter(mesh_dim=0: Partial(reduce_type='sum') -> Shard(dim=0)),)
+    """
+    n = len(mesh_shape)
+    # On a mesh dim of size 1 every placement holds the same data: relabel it for free.
+    start = tuple(d if mesh_shape[m] == 1 else s for m, (s, d) in enumerate(zip(src, dst)))
+    options = [
+        sorted({src[m], dst[m], _R}, key=repr) if mesh_shape[m] > 1 else [] for m in range(n)
+    ]
+    tie = itertools.count()
+    heap: list = [(0.0, next(tie), start, ())]
+    best = {start: 0.0}
+    while heap:
+        cost, _, state, steps = heapq.heappop(heap)
+        if state == dst:
+            return steps
+        if cost > best[state]:
+            continue
+        for m in range(n):
+            for q in options[m]:
+                if q == state[m] or not _valid(state, m, q):
+                    continue
+                c = cost + _cost(mesh_shape, state, m, q)
+                new = state[:m] + (q,) + state[m + 1 :]
+                if c < best.get(new, math.inf) - 1e-12:
+                    best[new] = c
+                    heapq.heappush(heap, (c, next(tie), new, steps + (Step(m, state[m], q),)))
+    raise AssertionError(f"no reshard plan from {src} to {dst}")  # all-Replicate always works
+
+
+# -- executor --------------------------------------------------------------------------------
+def execute(local: np.ndarray, spec: DistSpec, dst: DistSpec) -> np.ndarray:
+    """This rank's local array of ``dst`` given its local array of ``spec`` (collective)."""
+    rank = comm.get_rank()
+    if spec.mesh != dst.mesh:
+        return _cross_mesh(local, spec, dst, rank)
+    coord = spec.mesh.get_coord(rank)
+    if coord is None:  # not in the mesh: nothing to hold, nothing to do
+        return _empty(dst, coord)
+    for step in plan(spec.mesh.shape, spec.placements, dst.placements):
+        group = _Dim(spec.mesh, step.mesh_dim, rank, coord)
+        local = _STEPS[step.kind](local, spec, step, coord, group)
+        spec = spec.with_placement(step.mesh_dim, step.dst)
+    return local
+
+
+class _Dim:
+    """This rank's place along one mesh dim; the communicator is made only when a step needs it."""
+
+    __slots__ = ("size", "rank", "_key", "_comm")
+
+    def __init__(self, mesh, m: int, rank: int, coord: tuple[int, ...]) -> None:
+        self.size, self.rank = mesh.shape[m], coord[m]
+        self._key = (mesh, m, rank)
+        self._comm: comm.Communicator | None = None
+
+    @property
+    def comm(self) -> comm.Communicator:
+        if self._comm is None:
+            self._comm = comm.group(_group_ranks(*self._key))
+        return self._comm
+
+
+@lru_cache(maxsize=4096)
+def _group_ranks(mesh, m: int, rank: int) -> tuple[int, ...]:
+    return mesh.group_ranks(m, rank)
+
+
+def _empty(spec: DistSpec, coord) -> np.ndarray:
+    return np.empty(spec.local_shape(coord), spec.dtype)
+
+
+def _block(spec: DistSpec, m: int, coord) -> tuple[int, ...]:
+    """Shape of the whole the group along mesh dim ``m`` holds pieces of."""
+    return spec.with_placement(m, _R).local_shape(coord)
+
+
+def _resized(shape: tuple[int, ...], axis: int, n: int) -> tuple[int, ...]:
+    return shape[:axis] + (n,) + shape[axis + 1 :]
+
+
+def _take(a: np.ndarray, axis: int, start: int, n: int) -> np.ndarray:
+    return a[(slice(None),) * axis + (slice(start, start + n),)]
+
+
+def _pack(local: np.ndarray, axis: int, sizes) -> tuple[np.ndarray, list[int]]:
+    """``local``'s pieces along ``axis`` laid out one after another (one copy at most)."""
+    counts = [local.size // max(local.shape[axis], 1) * s for s in sizes]
+    if local.shape[axis] == 0:
+        counts = [0] * len(sizes)
+    if math.prod(local.shape[:axis]) == 1 and local.flags.c_contiguous:
+        return local, counts  # the pieces already follow each other in memory
+    buf = np.empty(sum(counts), local.dtype)
+    off = start = 0
+    for s, c in zip(sizes, counts):
+        buf[off : off + c].reshape(_resized(local.shape, axis, s))[...] = _take(
+            local, axis, start, s
+        )
+        off, start = off + c, start + s
+    return buf, counts
+
+
+def _unpack(flat: np.ndarray, shape: tuple[int, ...], axis: int, sizes, out: np.ndarray) -> None:
+    """Inverse of ``_pack``: pieces of ``flat`` (sizes along ``axis``) into ``out``."""
+    off = start = 0
+    for s in sizes:
+        piece = _resized(shape, axis, s)
+        c = math.prod(piece)
+        _take(out, axis, start, s)[...] = flat[off : off + c].reshape(piece)
+        off, start = off + c, start + s
+
+
+def _contiguous_along(shape: tuple[int, ...], axis: int) -> bool:
+    return math.prod(shape[:axis]) == 1
+
+
+def _all_gather(local, spec, step, coord, group):
+    d = step.src.dim
+    full = _block(spec, step.mesh_dim, coord)
+    sizes = split_sizes(full[d], group.size)
+    local = np.ascontiguousarray(local)
+    out = np.empty(full, spec.dtype)
+    counts = [math.prod(_resized(full, d, s)) for s in sizes]
+    if _contiguous_along(full, d):
+        group.comm.allgather(local, out, counts)
+    else:
+        flat = np.empty(sum(counts), spec.dtype)
+        group.comm.allgather(local, flat, counts)
+        _unpack(flat, full, d, sizes, out)
+    return out
+
+
+def _all_reduce(local, spec, step, coord, group):
+    local = np.ascontiguousarray(local)
+    out = np.empty_like(local)
+    group.comm.allreduce(local, out, step.src.reduce_type)
+    return out
+
+
+def _reduce_scatter(local, spec, step, coord, group):
+    d = step.dst.dim
+    sizes = split_sizes(local.shape[d], group.size)
+    send, counts = _pack(local, d, sizes)
+    out = np.empty(_resized(local.shape, d, sizes[group.rank]), spec.dtype)
+    group.comm.reduce_scatter(send, out, counts, step.src.reduce_type)
+    return out
+
+
+def _all_to_all(local, spec, step, coord, group):
+    d, e = step.src.dim, step.dst.dim
+    full = _block(spec, step.mesh_dim, coord)
+    d_sizes = split_sizes(full[d], group.size)
+    e_sizes = split_sizes(full[e], group.size)
+    send, send_counts = _pack(local, e, e_sizes)
+    mine = e_sizes[group.rank]
+    out_shape = _resized(full, e, mine)
+    out = np.empty(out_shape, spec.dtype)
+    recv_counts = [math.prod(_resized(out_shape, d, s)) for s in d_sizes]
+    if _contiguous_along(out_shape, d):
+        group.comm.alltoall(send, send_counts, out, recv_counts)
+    else:
+        flat = np.empty(sum(recv_counts), spec.dtype)
+        group.comm.alltoall(send, send_counts, flat, recv_counts)
+        _unpack(flat, out_shape, d, d_sizes, out)
+    return out
+
+
+def _slice(local, spec, step, coord, group):
+    d = step.dst.dim
+    start, n = split_offset(local.shape[d], group.size, group.rank)
+    return _take(local, d, start, n).copy()  # a copy: the slice must not pin the whole buffer
+
+
+def _to_partial(local, spec, step, coord, group):
+    if step.dst.reduce_type == "sum" and group.rank != 0:
+        return np.zeros_like(local)  # the value lives on coordinate 0; zeros add nothing
+    return local  # avg/max/min of equal values is the value
+
+
+_STEPS = {
+    "all_gather": _all_gather,
+    "all_reduce": _all_reduce,
+    "reduce_scatter": _reduce_scatter,
+    "all_to_all": _all_to_all,
+    "slice": _slice,
+    "to_partial": _to_partial,
+}
+
+
+# -- another mesh ----------------------------------------------------------------------------
+def _without_partial(spec: DistSpec) -> DistSpec:
+    return spec.replace(placements=[_R if p.is_partial() else p for p in spec.placements])
+
+
+@lru_cache(maxsize=1024)
+def _transfers(src: DistSpec, dst: DistSpec) -> tuple[tuple[int, int, tuple[slice, ...]], ...]:
+    """(sender, receiver, global box) for every piece a move between meshes sends.
+
+    Each target rank takes a piece from itself when it holds one, else from the replicas of
+    that source box in turn, so replicated sources share the sending.
+    """
+    holders: dict[tuple, list[int]] = {}
+    for r in src.mesh.process_ids:
+        holders.setdefault(src.local_box(src.mesh.get_coord(r)), []).append(r)
+    out = []
+    for i, r in enumerate(dst.mesh.process_ids):
+        want = dst.local_box(dst.mesh.get_coord(r))
+        if any(n == 0 for _, n in want):
+            continue  # an empty target needs no data
+        for box, ranks in holders.items():
+            inter = tuple((max(a, b), min(a + n, b + m)) for (a, n), (b, m) in zip(box, want))
+            if any(lo >= hi for lo, hi in inter):
+                continue
+            sender = r if r in ranks else ranks[i % len(ranks)]
+            out.append((sender, r, tuple(slice(lo, hi) for lo, hi in inter)))
+    return tuple(out)
+
+
+def _cross_mesh(local: np.ndarray, spec: DistSpec, dst: DistSpec, rank: int) -> np.ndarray:
+    src_plain, dst_plain = _without_partial(spec), _without_partial(dst)
+    if rank in spec.mesh:
+        local = execute(local, spec, src_plain)
+    src_box = src_plain.local_box(spec.mesh.get_coord(rank))
+    dst_coord = dst.mesh.get_coord(rank)
+    dst_box = dst_plain.local_box(dst_coord)
+    out = _empty(dst_plain, dst_coord)
+    w = comm.world()
+    pending = []
+    for sender, receiver, box in _transfers(src_plain, dst_plain):
+        if sender == rank:
+            piece = local[tuple(slice(s.start - b, s.stop - b) for s, (b, _) in zip(box, src_box))]
+            if receiver == rank:
+                out[tuple(slice(s.start - b, s.stop - b) for s, (b, _) in zip(box, dst_box))] = (
+                    piece
+                )
+            else:
+                pending.append((w.isend(np.ascontiguousarray(piece), receiver, tag=7), None, None))
+        elif receiver == rank:
+            buf = np.empty(tuple(s.stop - s.start for s in box), spec.dtype)
+            pending.append((w.irecv(buf, sender, tag=7), buf, box))
+    for work, buf, box in pending:
+        work.wait()
+        if buf is not None:
+            out[tuple(slice(s.start - b, s.stop - b) for s, (b, _) in zip(box, dst_box))] = buf
+    if dst_coord is None:
+        return out
+    return execute(out, dst_plain, dst) if dst.has_partial() else out

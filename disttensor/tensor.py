@@ -1,0 +1,330 @@
+"""DistTensor: this rank's shard plus the DistSpec that says where it lies in the global tensor.
+
+The global value is never stored; ``numpy()`` and ``print`` assemble it (collectively).
+
+>>> import numpy as np, disttensor as dt
+>>> mesh = dt.ProcessMesh([0])
+>>> x = dt.shard_tensor(np.arange(6.0).reshape(2, 3), mesh, [dt.Shard(0)])
+>>> x
+DistTensor([[0., 1., 2.],
+            [3., 4., 5.]], shape=(2, 3), dtype=float64,
+           mesh=ProcessMesh(shape=(1,), process_ids=[0], dim_names=['d0']),
+           placements=[Shard(dim=0)])
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from . import comm
+from . import reshard as _reshard
+from ._format import format_array, shown_indices
+from .comm.base import reduce_arrays
+from .mesh import ProcessMesh
+from .placement import Partial, Placement, Replicate
+from .spec import DistSpec
+
+
+class DistTensor:
+    """A global tensor sharded over a ProcessMesh. Build one with ``dt.shard_tensor``."""
+
+    __slots__ = ("_local", "_spec", "requires_grad", "grad", "__weakref__")
+
+    def __init__(self, local: np.ndarray, spec: DistSpec, requires_grad: bool = False) -> None:
+        self._local = local
+        self._spec = spec
+        self.requires_grad = requires_grad
+        self.grad: DistTensor | None = None
+
+    # -- metadata (global, no communication) ---------------------------------------------------
+    @property
+    def spec(self) -> DistSpec:
+        return self._spec
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._spec.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._spec.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self._spec.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self._spec.shape)
+
+    @property
+    def mesh(self) -> ProcessMesh:
+        return self._spec.mesh
+
+    @property
+    def placements(self) -> list[Placement]:
+        return list(self._spec.placements)
+
+    @property
+    def local_shape(self) -> tuple[int, ...]:
+        return self._local.shape
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d DistTensor")
+        return self.shape[0]
+
+    # -- values ------------------------------------------------------------------------------
+    def to_local(self) -> np.ndarray:
+        """This rank's shard, no communication (empty on ranks outside the mesh)."""
+        return self._local
+
+    def numpy(self) -> np.ndarray:
+        """The global value, on every rank of the mesh (collective over the mesh)."""
+        rank = comm.get_rank()
+        if rank not in self.mesh:
+            raise RuntimeError(
+                f"rank {rank} is not in this tensor's mesh {self.mesh.process_ids}; numpy() is "
+                "collective over the mesh ranks, call it there"
+            )
+        full = self._spec.replace(placements=[Replicate()] * self.mesh.ndim)
+        out = _reshard.execute(self._local, self._spec, full)
+        return out if out is not self._local else out.copy()
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        out = self.numpy()
+        return out if dtype is None else out.astype(dtype, copy=False)
+
+    def reshard(self, mesh: ProcessMesh, placements: Sequence[Placement]) -> DistTensor:
+        """Same as ``dt.reshard(self, mesh, placements)``."""
+        return reshard(self, mesh, placements)
+
+    def __repr__(self) -> str:
+        """The global value like numpy prints it, plus its layout (collective over the mesh).
+
+        Above numpy's summarization threshold only the items that are shown are gathered.
+        """
+        prefix = "DistTensor("
+        rank = comm.get_rank()
+        if rank not in self.mesh:
+            body = "<not on this rank>"
+        else:
+            idx = shown_indices(self.shape)
+            small = self.numpy() if idx is None else _gather_shown(self, idx, rank)
+            body = format_array(small, self.shape, prefix=prefix, separator=", ")
+        pad = " " * len(prefix)
+        return (
+            f"{prefix}{body}, shape={self.shape}, dtype={self.dtype},\n"
+            f"{pad}mesh={self.mesh!r},\n{pad}placements={self.placements})"
+        )
+
+    __str__ = __repr__
+
+
+def _gather_shown(x: DistTensor, idx: tuple[np.ndarray, ...], rank: int) -> np.ndarray:
+    """The global value at the ``np.ix_(*idx)`` grid, moving only those items (one all-gather).
+
+    Every mesh rank sends the shown items of its shard; every rank then rebuilds the grid by
+    taking one replica, reducing Partial mesh dims innermost first (Note [Partial order]) and
+    placing each shard's items.
+    """
+    spec, mesh = x.spec, x.mesh
+
+    def picked(coord):  # per axis: positions in idx that fall in this shard, and local offsets
+        out = []
+        for (start, n), ix in zip(spec.local_box(coord), idx):
+            lo, hi = np.searchsorted(ix, [start, start + n])
+            out.append((lo, ix[lo:hi] - start))
+        return out
+
+    coords = [mesh.get_coord(r) for r in mesh.process_ids]
+    mine = picked(mesh.get_coord(rank))
+    piece = np.ascontiguousarray(x.to_local()[np.ix_(*[loc for _, loc in mine])])
+    counts = [math.prod(len(loc) for _, loc in picked(c)) for c in coords]
+    flat = np.empty(sum(counts), x.dtype)
+    comm.group(tuple(mesh.process_ids)).allgather(piece, flat, counts)
+
+    grid = np.empty(mesh.shape, dtype=object)
+    offset = 0
+    for c, n in zip(coords, counts):
+        grid[c] = flat[offset : offset + n].reshape([len(loc) for _, loc in picked(c)])
+        offset += n
+    for m in reversed(range(mesh.ndim)):
+        p = spec.placements[m]
+        if p.is_replicate():
+            grid = grid.take([0], axis=m)
+        elif isinstance(p, Partial):
+            reduced = np.empty(grid.shape[:m] + (1,) + grid.shape[m + 1 :], dtype=object)
+            for i in np.ndindex(reduced.shape):
+                column = [grid[i[:m] + (j,) + i[m + 1 :]] for j in range(grid.shape[m])]
+                reduced[i] = reduce_arrays(column, p.reduce_type)
+            grid = reduced
+    small = np.empty([len(ix) for ix in idx], x.dtype)
+    for i in np.ndindex(grid.shape):  # the remaining coordinates address distinct shards
+        coord = tuple(i[m] if spec.placements[m].is_shard() else 0 for m in range(mesh.ndim))
+        where = tuple(slice(lo, lo + len(loc)) for lo, loc in picked(coord))
+        small[where] = grid[i]
+    return small
+
+
+# -- construction and resharding -----------------------------------------------------------------
+def check_world(mesh: ProcessMesh, what: str) -> None:
+    """A clear error for a mesh naming ranks this world does not have (every rank raises)."""
+    if not isinstance(mesh, ProcessMesh):
+        raise TypeError(f"{what}: mesh must be a dt.ProcessMesh, got {type(mesh).__name__}")
+    n = comm.get_world_size()
+    bad = [r for r in mesh.process_ids if r >= n]
+    if bad:
+        raise ValueError(
+            f"{what}: the mesh has ranks {bad} but the world has only {n} ranks (0..{n - 1}); "
+            f"launch with more processes or use a mesh of existing ranks"
+        )
+
+
+def from_spec_block(block_fn, spec: DistSpec, requires_grad: bool = False) -> DistTensor:
+    """A DistTensor whose plain (Partial read as Replicate) shard is ``block_fn(slices)``.
+
+    Only the local shard is made; Partial mesh dims are then set locally (no communication).
+    """
+    rank = comm.get_rank()
+    coord = spec.mesh.get_coord(rank)
+    plain = spec.replace(placements=[Replicate() if p.is_partial() else p for p in spec.placements])
+    if coord is None:
+        local = np.empty(plain.local_shape(None), spec.dtype)
+    else:
+        local = np.asarray(block_fn(plain.local_slices(coord)), dtype=spec.dtype)
+        if spec.has_partial():
+            local = _reshard.execute(local, plain, spec)
+    return DistTensor(local, spec, requires_grad)
+
+
+def shard_tensor(
+    data: Any,
+    mesh: ProcessMesh,
+    placements: Sequence[Placement],
+    dtype: Any = None,
+    requires_grad: bool = False,
+) -> DistTensor:
+    """Distribute global ``data`` (the same on every rank) over ``mesh``; keeps only this shard.
+
+    ``data`` may be an array, list, scalar, or a DistTensor (then it is resharded).
+
+    >>> import disttensor as dt
+    >>> x = dt.shard_tensor([1, 2, 3], dt.ProcessMesh([0]), [dt.Shard(0)])
+    >>> x.shape, x.local_shape, x.placements
+    ((3,), (3,), [Shard(dim=0)])
+    """
+    check_world(mesh, "shard_tensor")
+    if isinstance(data, DistTensor):
+        out = reshard(data, mesh, placements)
+        if dtype is not None and np.dtype(dtype) != out.dtype:
+            out = DistTensor(out.to_local().astype(dtype), out.spec.replace(dtype=np.dtype(dtype)))
+        out.requires_grad = requires_grad or out.requires_grad
+        return out
+    try:
+        arr = np.asarray(data, dtype=dtype)
+    except (TypeError, ValueError) as e:
+        raise TypeError(
+            f"shard_tensor cannot make an array of {type(data).__name__}: {e}"
+        ) from None
+    if arr.dtype == object:
+        raise TypeError(f"shard_tensor needs numeric data, got an object array from {data!r:.80}")
+    spec = DistSpec.make(mesh, placements, arr.shape, arr.dtype)
+    return from_spec_block(lambda slices: arr[slices].copy(), spec, requires_grad)
+
+
+def dtensor_from_local(
+    local: Any,
+    mesh: ProcessMesh,
+    placements: Sequence[Placement],
+    global_shape: Sequence[int] | None = None,
+) -> DistTensor:
+    """Wrap this rank's shard ``local`` (no copy) as a DistTensor.
+
+    With ``global_shape=None`` the global shape is worked out from every rank's shard (one small
+    all-gather over the mesh), and shards that cannot form a global tensor raise on every rank.
+    With ``global_shape`` given, only this rank's shard is checked, with no communication.
+    """
+    check_world(mesh, "dtensor_from_local")
+    local = np.ascontiguousarray(local)
+    rank = comm.get_rank()
+    coord = mesh.get_coord(rank)
+    if global_shape is not None:
+        spec = DistSpec.make(mesh, placements, global_shape, local.dtype)
+        want = spec.local_shape(coord)
+        if coord is not None and local.shape != want:
+            raise ValueError(
+                f"dtensor_from_local: rank {rank} passed a local shape {local.shape} but global "
+                f"shape {spec.shape} with placements {list(spec.placements)} gives it {want} "
+                "(shards follow numpy.array_split: the first n % k are one longer)"
+            )
+        if coord is None:
+            local = np.empty(want, local.dtype)
+        return DistTensor(local, spec)
+    if coord is None:
+        raise ValueError(
+            f"dtensor_from_local: rank {rank} is not in the mesh {mesh.process_ids}, so it cannot "
+            "learn the global shape; pass global_shape=..."
+        )
+    spec = DistSpec.make(mesh, placements, local.shape, local.dtype)  # validates placements
+    infos = comm.group(tuple(mesh.process_ids)).allgather_object((local.shape, local.dtype.str))
+    spec = _infer_global(spec, dict(zip(mesh.process_ids, infos)))
+    return DistTensor(local, spec)
+
+
+def _infer_global(spec: DistSpec, infos: dict[int, tuple]) -> DistSpec:
+    mesh = spec.mesh
+    ndims = {len(s) for s, _ in infos.values()}
+    dtypes = {d for _, d in infos.values()}
+    if len(ndims) > 1 or len(dtypes) > 1:
+        raise ValueError(
+            "dtensor_from_local: ranks passed shards of different ndim or dtype: "
+            + ", ".join(f"rank {r}: {s} {np.dtype(d)}" for r, (s, d) in infos.items())
+        )
+    shape = []
+    for axis in range(spec.ndim):
+        dims = [m for m, p in enumerate(spec.placements) if p.is_shard(axis)]
+        # sum the shard lengths over every coordinate of the mesh dims that split this axis
+        total = 0
+        for sub in np.ndindex(*[mesh.shape[m] for m in dims]):
+            coord = [0] * mesh.ndim
+            for m, c in zip(dims, sub):
+                coord[m] = c
+            total += infos[int(mesh.mesh[tuple(coord)])][0][axis]
+        shape.append(total)
+    out = spec.replace(shape=tuple(shape), dtype=np.dtype(dtypes.pop()))
+    bad = [
+        (r, s, out.local_shape(mesh.get_coord(r)))
+        for r, (s, _) in infos.items()
+        if tuple(s) != out.local_shape(mesh.get_coord(r))
+    ]
+    if bad:
+        raise ValueError(
+            f"dtensor_from_local: the shards cannot form a global tensor with placements "
+            f"{list(spec.placements)}: global shape {tuple(shape)} needs "
+            + "; ".join(f"rank {r} to hold {want}, it has {tuple(s)}" for r, s, want in bad)
+            + " (shards follow numpy.array_split: the first n % k are one longer)"
+        )
+    return out
+
+
+def reshard(x: DistTensor, mesh: ProcessMesh, placements: Sequence[Placement]) -> DistTensor:
+    """``x`` with new placements, possibly on another mesh (collective over both meshes).
+
+    >>> import disttensor as dt
+    >>> mesh = dt.ProcessMesh([0])
+    >>> y = dt.reshard(dt.ones((4,), mesh=mesh, placements=[dt.Partial()]), mesh, [dt.Shard(0)])
+    >>> y.placements, y.to_local()
+    ([Shard(dim=0)], array([1., 1., 1., 1.]))
+    """
+    if not isinstance(x, DistTensor):
+        raise TypeError(f"reshard needs a DistTensor, got {type(x).__name__}; use dt.shard_tensor")
+    check_world(mesh, "reshard")
+    dst = DistSpec.make(mesh, placements, x.shape, x.dtype)
+    if dst == x.spec:
+        return x
+    return DistTensor(_reshard.execute(x.to_local(), x.spec, dst), dst, x.requires_grad)
