@@ -31,28 +31,35 @@ def shown_indices(shape: tuple[int, ...]) -> tuple[np.ndarray, ...] | None:
     """Indices, per axis, of the elements numpy shows when printing an array of ``shape``.
 
     Returns None when numpy prints the whole array (size <= the ``threshold`` print option);
-    otherwise one int64 index array per axis, suitable for ``np.ix_``.
+    otherwise one sorted int64 index array per axis, suitable for ``np.ix_``.
     """
+    kept = _kept_ranges(shape)
+    if kept is None:
+        return None
+    return tuple(
+        np.concatenate([np.arange(r.start, r.stop, dtype=np.int64) for r in ranges])
+        for ranges in kept
+    )
+
+
+def _kept_ranges(shape: tuple[int, ...]) -> list[list[range]] | None:
+    """Per axis, the index ranges numpy._core.arrayprint._leading_trailing keeps."""
     options = np.get_printoptions()
     # math.prod on Python ints: no overflow and no array of the full size.
     if math.prod(shape) <= options["threshold"]:
         return None
-    return tuple(_axis_indices(length, options["edgeitems"]) for length in shape)
-
-
-def _axis_indices(length: int, edgeitems: int) -> np.ndarray:
-    """The indices numpy._core.arrayprint._leading_trailing keeps along one axis."""
-    if length <= 2 * edgeitems:
-        return np.arange(length, dtype=np.int64)
-    # Slice a range exactly as numpy slices the axis (a[:e] and a[-e:]) so that even its corner
-    # case matches: with edgeitems == 0, a[-0:] is the whole axis, and numpy uses all of it to
-    # pick the column width.  A range slice is lazy, so nothing of the axis length is built.
-    axis = range(length)
-    return np.concatenate([_as_array(axis[:edgeitems]), _as_array(axis[-edgeitems:])])
-
-
-def _as_array(r: range) -> np.ndarray:
-    return np.arange(r.start, r.stop, r.step, dtype=np.int64)
+    edgeitems = options["edgeitems"]
+    kept = []
+    for length in shape:
+        axis = range(length)
+        if length > 2 * edgeitems:
+            # Slice a range exactly as numpy slices the axis (a[:e] and a[-e:]) so that even
+            # its corner case matches: with edgeitems == 0, a[-0:] is the whole axis, which
+            # numpy then uses to pick the column width.  Range slices are lazy.
+            kept.append([axis[:edgeitems], axis[-edgeitems:]])
+        else:
+            kept.append([axis])
+    return kept
 
 
 def format_array(
@@ -68,8 +75,9 @@ def format_array(
     shape = tuple(int(n) for n in shape)
     # asarray: full[np.ix_()] of a 0-d array is a numpy scalar, not an array.
     small = np.asarray(small)
-    indices = shown_indices(shape)
-    expected = shape if indices is None else tuple(len(i) for i in indices)
+    # Check the shape from ranges, without building the index arrays.
+    kept = _kept_ranges(shape)
+    expected = shape if kept is None else tuple(sum(map(len, ranges)) for ranges in kept)
     if small.shape != expected:
         raise ValueError(
             f"small has shape {small.shape}, but printing shape {shape} shows {expected}; "

@@ -36,7 +36,7 @@ import numpy as np
 
 from . import comm
 from .placement import Partial, Placement, Replicate, Shard, commutes
-from .spec import DistSpec, split_offset, split_sizes
+from .spec import DistSpec, contiguous, split_offset, split_sizes
 
 _R = Replicate()
 
@@ -224,7 +224,7 @@ def _all_gather(local, spec, step, coord, group):
     d = step.src.dim
     full = _block(spec, step.mesh_dim, coord)
     sizes = split_sizes(full[d], group.size)
-    local = np.ascontiguousarray(local)
+    local = contiguous(local)
     out = np.empty(full, spec.dtype)
     counts = [math.prod(_resized(full, d, s)) for s in sizes]
     if _contiguous_along(full, d):
@@ -237,7 +237,7 @@ def _all_gather(local, spec, step, coord, group):
 
 
 def _all_reduce(local, spec, step, coord, group):
-    local = np.ascontiguousarray(local)
+    local = contiguous(local)
     out = np.empty_like(local)
     group.comm.allreduce(local, out, step.src.reduce_type)
     return out
@@ -340,7 +340,7 @@ def _cross_mesh(local: np.ndarray, spec: DistSpec, dst: DistSpec, rank: int) -> 
                     piece
                 )
             else:
-                pending.append((w.isend(np.ascontiguousarray(piece), receiver, tag=7), None, None))
+                pending.append((w.isend(contiguous(piece), receiver, tag=7), None, None))
         elif receiver == rank:
             buf = np.empty(tuple(s.stop - s.start for s in box), spec.dtype)
             pending.append((w.irecv(buf, sender, tag=7), buf, box))

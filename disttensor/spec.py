@@ -46,6 +46,12 @@ def split_offset(n: int, k: int, i: int) -> tuple[int, int]:
     return i * q + min(i, r), q + (1 if i < r else 0)
 
 
+def contiguous(a: np.ndarray) -> np.ndarray:
+    """``a`` as a C-contiguous array, keeping 0-d arrays 0-d (np.ascontiguousarray makes them 1-d)."""
+    a = np.asarray(a)
+    return a if a.flags.c_contiguous else a.copy(order="C")
+
+
 def normalize_placements(placements: Any, mesh: ProcessMesh, ndim: int) -> tuple[Placement, ...]:
     """Check ``placements`` for a tensor of ``ndim`` axes on ``mesh``; negative Shard dims wrap."""
     if isinstance(placements, Placement) or not isinstance(placements, (list, tuple)):

@@ -26,7 +26,7 @@ from ._format import format_array, shown_indices
 from .comm.base import reduce_arrays
 from .mesh import ProcessMesh
 from .placement import Partial, Placement, Replicate
-from .spec import DistSpec
+from .spec import DistSpec, contiguous
 
 
 class DistTensor:
@@ -250,7 +250,7 @@ def dtensor_from_local(
     With ``global_shape`` given, only this rank's shard is checked, with no communication.
     """
     check_world(mesh, "dtensor_from_local")
-    local = np.ascontiguousarray(local)
+    local = contiguous(local)
     rank = comm.get_rank()
     coord = mesh.get_coord(rank)
     if global_shape is not None:

@@ -1,4 +1,4 @@
-"""disttensor._format prints from the shown elements exactly what numpy prints from the full array."""
+"""disttensor._format prints, from the shown elements only, what numpy prints for the full array."""
 
 from __future__ import annotations
 

@@ -128,16 +128,31 @@ def world_comm() -> MPIComm:
     return MPIComm(w, tuple(range(w.Get_size())))
 
 
+def _launched_size() -> int:
+    """The job size mpiexec announced in the environment (MPICH, Open MPI, MVAPICH), else 1."""
+    for var in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 1
+
+
 def _abort_on_uncaught(exc_type, exc, tb) -> None:
     """sys.excepthook: show the traceback, then end the whole MPI job.
 
     Without this a rank that dies leaves the others blocked in their next collective and
-    mpiexec waits forever; mpi4py's own ``python -m mpi4py`` does the same.
+    mpiexec waits forever; mpi4py's own ``python -m mpi4py`` does the same. A rank that dies
+    before using MPI initializes it just to abort: hydra does not end the job when a rank
+    exits without having joined it.
     """
     _previous_hook(exc_type, exc, tb)
     MPI = sys.modules.get("mpi4py.MPI")
-    if MPI is None or not MPI.Is_initialized() or MPI.Is_finalized():
-        return  # no MPI yet: this process exits non-zero and mpiexec ends the job
+    initialized = MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized()
+    if not initialized and _launched_size() <= 1:
+        return
+    if not initialized:
+        if MPI is not None and MPI.Is_finalized():
+            return
+        MPI = _mpi()
     if MPI.COMM_WORLD.Get_size() > 1:
         try:
             sys.stderr.write(

@@ -1,0 +1,40 @@
+"""Launch a script under mpiexec from a test, with a timeout that ends hangs clearly."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def mpiexec() -> str:
+    """mpiexec next to this Python (the mpich wheel puts it there), else on PATH."""
+    here = Path(sys.executable).parent / "mpiexec"
+    found = str(here) if here.exists() else shutil.which("mpiexec")
+    if found is None:
+        raise RuntimeError("mpiexec not found: pip install mpich (or use your cluster's MPI)")
+    return found
+
+
+def run(n: int, args: list[str], timeout: float, env: dict | None = None):
+    """Run ``python args`` on n ranks; returns (returncode, output). Fails clearly on a hang."""
+    full_env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
+                    MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1", **(env or {}))
+    cmd = [mpiexec(), "-n", str(n), sys.executable, *args]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # mpiexec and every rank it started
+        out, _ = proc.communicate()
+        raise TimeoutError(
+            f"`mpiexec -n {n} python {' '.join(args)}` did not finish in {timeout:g} s: a hang "
+            f"(a rank waiting in a collective the others never called?). Output so far:\n{out}"
+        ) from None
+    return proc.returncode, out

@@ -1,0 +1,299 @@
+"""SPMD test cases: each ``case_*(world)`` runs on every rank of a world of that size.
+
+The same functions run on simulated ranks (tests/test_spmd_sim.py, large grids) and under
+``mpiexec`` (tests/mpi_runner.py, smaller grids). Oracle: numpy on the global value.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+
+import disttensor as dt
+from disttensor.reshard import plan
+
+S0, S1, R = dt.Shard(0), dt.Shard(1), dt.Replicate()
+PARTIALS = [dt.Partial(t) for t in ("sum", "avg", "max", "min")]
+DTYPES = [np.float32, np.float64, np.int64, np.bool_]
+
+# The kinds of collective each 1-D transition must use, exactly once (none if not listed).
+EXPECTED_1D = {
+    ("shard", "replicate"): "all_gather",
+    ("partial", "replicate"): "all_reduce",
+    ("partial", "shard"): "reduce_scatter",
+    ("shard", "shard"): "all_to_all",
+    ("partial", "partial"): "all_reduce",  # another reduce type: via Replicate
+    ("shard", "partial"): "all_gather",  # via Replicate
+}
+
+
+def kind(p: dt.Placement) -> str:
+    return "shard" if p.is_shard() else "partial" if p.is_partial() else "replicate"
+
+
+def meshes(world: int, shapes=((1,), (2,), (3,), (4,), (2, 2), (2, 3), (3, 2))):
+    """Meshes over the first ranks of the world (the others stay outside the mesh)."""
+    for shape in shapes:
+        n = math.prod(shape)
+        if n <= world:
+            yield dt.ProcessMesh(np.arange(n).reshape(shape), [f"m{i}" for i in range(len(shape))])
+
+
+def shapes_for(k: int, ndim: int = 2) -> list[tuple[int, ...]]:
+    """Even, two uneven, fewer elements than ranks (empty shards), and zero-size."""
+    if ndim == 1:
+        return [(k * 2,), (k * 3 + 1,), (k * 3 + 2,), (max(k - 1, 1),), (0,)]
+    return [(k * 2, 4), (k * 3 + 1, 5), (k * 3 + 2, k + 1), (1, 2), (0, 3)]
+
+
+def global_value(shape, dtype, seed=0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if dtype == np.bool_:
+        return rng.random(shape) < 0.5
+    if np.issubdtype(dtype, np.integer):
+        return rng.integers(-50, 50, shape).astype(dtype)
+    return rng.normal(0, 3, shape).astype(dtype)
+
+
+def split_partial(v: np.ndarray, op: str, k: int, rng: np.random.Generator) -> list[np.ndarray]:
+    """k asymmetric local values whose ``op`` reduction is v (so a wrong rule cannot pass by luck)."""
+    if k == 1:
+        return [v.copy()]
+    shape, boolean = v.shape, v.dtype == np.bool_
+    owner = rng.integers(0, k, shape)  # which rank holds the exact value (max/min/bool)
+    if boolean:
+        noise = [rng.random(shape) < 0.5 for _ in range(k)]
+        if op == "min":  # logical and: the others may only add True
+            return [np.where(owner == i, v, v | noise[i]) for i in range(k)]
+        return [np.where(owner == i, v, v & noise[i]) for i in range(k)]  # or: only remove
+    integer = np.issubdtype(v.dtype, np.integer)
+
+    def noise():
+        return rng.integers(1, 6, shape) if integer else rng.uniform(0.5, 2.0, shape)
+
+    if op in ("sum", "avg"):
+        target = v * k if op == "avg" else v
+        parts = [(noise() * rng.choice([-1, 1], shape)).astype(v.dtype) for _ in range(k - 1)]
+        parts.append((target - sum(parts)).astype(v.dtype))
+        return parts
+    sign = -1 if op == "max" else 1
+    return [np.where(owner == i, v, v + sign * noise()).astype(v.dtype) for i in range(k)]
+
+
+def make_source(g: np.ndarray, mesh: dt.ProcessMesh, placements, seed: int = 1) -> dt.DistTensor:
+    """A DistTensor of global value g whose Partial mesh dims hold asymmetric splits."""
+    spec = dt.DistSpec.make(mesh, placements, g.shape, g.dtype)
+    coord = mesh.get_coord(dt.get_rank())
+    if coord is None:
+        return dt.dtensor_from_local(np.empty(spec.local_shape(None), g.dtype), mesh,
+                                     placements, global_shape=g.shape)
+    v = g
+    for m, p in enumerate(spec.placements):  # outermost first: Note [Partial order]
+        if p.is_partial():
+            rng = np.random.default_rng([seed, m, *coord[:m]])
+            v = split_partial(v, p.reduce_type, mesh.shape[m], rng)[coord[m]]
+    return dt.dtensor_from_local(v[spec.local_slices(coord)].copy(), mesh, placements,
+                                 global_shape=g.shape)
+
+
+def assert_value(got: np.ndarray, want: np.ndarray, exact: bool, what: str) -> None:
+    assert got.shape == want.shape and got.dtype == want.dtype, (what, got.shape, got.dtype)
+    if exact or want.dtype.kind in "biu":
+        assert np.array_equal(got, want), what
+    else:
+        tol = 1e-4 if want.dtype == np.float32 else 1e-10
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol * 8, err_msg=what)
+
+
+def check_reshard(g, mesh, src, dst, counts: bool = True) -> None:
+    """Reshard g from src to dst on mesh; check the shard, the global value and collectives."""
+    rank = dt.get_rank()
+    x = make_source(g, mesh, src)
+    what = f"{mesh.shape} {g.shape} {g.dtype} {src} -> {dst}"
+    with dt.CommCounter() as cc:
+        y = dt.reshard(x, mesh, dst)
+    assert y.placements == list(dt.DistSpec.make(mesh, dst, g.shape, g.dtype).placements), what
+    coord = mesh.get_coord(rank)
+    if coord is None:
+        assert cc.total == 0 and y.local_shape == (0,) * y.ndim, what
+        return
+    exact = not any(p.is_partial() for p in list(src) + list(dst))
+    assert y.local_shape == y.spec.local_shape(coord), what
+    if not any(p.is_partial() for p in dst):  # the shard itself, no communication involved
+        assert_value(y.to_local(), g[y.spec.local_slices(coord)], exact, what)
+    assert_value(y.numpy(), g, exact, what)
+    if counts:
+        steps = plan(mesh.shape, x.spec.placements, y.spec.placements)
+        wire = [s for s in steps if s.kind not in ("slice", "to_partial")]
+        assert cc.total == len(wire), (what, cc.counts, steps)
+        if mesh.ndim == 1:
+            want = EXPECTED_1D.get((kind(src[0]), kind(dst[0])))
+            if src[0] == dst[0] or mesh.size == 1:
+                want = None
+            assert cc.counts == ({want: 1} if want else {}), (what, cc.counts)
+
+
+def placements_1d(dtype, ndim=2):
+    opts = [dt.Shard(d) for d in range(ndim)] + [R] + PARTIALS
+    if np.dtype(dtype).kind not in "fc":
+        opts = [p for p in opts if p != dt.Partial("avg")]
+    return [[p] for p in opts]
+
+
+def placements_nd(mesh_ndim, dtype, ndim=2):
+    opts = [dt.Shard(d) for d in range(ndim)] + [R, dt.Partial("sum"), dt.Partial("max")]
+    return [list(p) for p in itertools.product(opts, repeat=mesh_ndim)]
+
+
+def case_reshard_grid(world: int, dtypes=DTYPES, nd_dtypes=(np.float64, np.int64),
+                      mesh_shapes=((1,), (2,), (3,), (4,), (2, 2), (2, 3), (3, 2)),
+                      nd_shapes: int = 5) -> int:
+    """Every (source, target) placement pair on every mesh that fits, for awkward shapes."""
+    n = 0
+    for mesh in meshes(world, mesh_shapes):
+        k = max(mesh.shape)
+        for dtype in dtypes if mesh.ndim == 1 else nd_dtypes:
+            grid = placements_1d(dtype) if mesh.ndim == 1 else placements_nd(mesh.ndim, dtype)
+            for shape in shapes_for(k)[: 5 if mesh.ndim == 1 else nd_shapes]:
+                g = global_value(shape, dtype, seed=n)
+                for src, dst in itertools.product(grid, grid):
+                    check_reshard(g, mesh, src, dst)
+                    n += 1
+    return n
+
+
+def case_reshard_other_ndims(world: int) -> int:
+    """1-D, 3-D and 0-d tensors, nested shards of one axis, three-dim meshes."""
+    n = 0
+    for mesh in meshes(world, ((2,), (3,), (2, 2))):
+        k = max(mesh.shape)
+        for shape in shapes_for(k, ndim=1) + [(2, k + 1, 3), (k * 2 + 1, 1, 2)]:
+            g = global_value(shape, np.float64, seed=n)
+            opts = [dt.Shard(d) for d in range(len(shape))] + [R, dt.Partial("sum")]
+            grid = [list(p) for p in itertools.product(opts, repeat=mesh.ndim)]
+            for src, dst in itertools.product(grid, grid):
+                check_reshard(g, mesh, src, dst)
+                n += 1
+        g = np.float64(3.5) * np.ones(())
+        for src, dst in itertools.product([[R] * mesh.ndim, [dt.Partial()] * mesh.ndim], repeat=2):
+            check_reshard(g, mesh, src, dst)
+    if world >= 8:
+        mesh = dt.ProcessMesh(np.arange(8).reshape(2, 2, 2))
+        g = global_value((9, 5), np.float64)
+        for src, dst in [([S0, S0, S0], [S1, S1, S1]), ([S0, dt.Partial(), S1], [R, S0, S0]),
+                         ([dt.Partial("max"), dt.Partial(), S0], [S1, R, S0])]:
+            check_reshard(g, mesh, src, dst)
+    return n
+
+
+def case_nd_collective_counts(world: int) -> None:
+    """Canonical N-D plans use exactly the collectives one would write by hand."""
+    if world < 4:
+        return
+    mesh = dt.ProcessMesh([[0, 1], [2, 3]], ["dp", "mp"])
+    g = global_value((9, 6), np.float32)
+    cases = [
+        ([S0, S1], [R, S1], {"all_gather": 1}),
+        ([S0, S1], [S0, R], {"all_gather": 1}),
+        ([S0, S1], [R, R], {"all_gather": 2}),
+        ([dt.Partial(), S1], [R, S1], {"all_reduce": 1}),
+        ([dt.Partial(), dt.Partial()], [R, R], {"all_reduce": 2}),
+        ([dt.Partial(), R], [S0, R], {"reduce_scatter": 1}),
+        ([S0, R], [S0, S1], {}),
+        ([R, R], [dt.Partial(), S0], {}),
+        ([S0, S0], [S0, R], {"all_gather": 1}),
+        ([S0, S1], [S1, S0], {"all_gather": 1, "all_to_all": 1}),
+    ]
+    for src, dst, want in cases:
+        x = make_source(g, mesh, src)
+        with dt.CommCounter() as cc:
+            y = dt.reshard(x, mesh, dst)
+        if dt.get_rank() in mesh:
+            assert cc.counts == want, (src, dst, cc.counts)
+            assert_value(y.numpy(), g, False, f"{src} -> {dst}")
+
+
+def case_cross_mesh(world: int) -> int:
+    """Moving a tensor to another mesh (send/recv), Partial on either side."""
+    rank, n = dt.get_rank(), 0
+    pairs = []
+    if world >= 2:
+        pairs.append((dt.ProcessMesh([0]), dt.ProcessMesh([1])))
+        pairs.append((dt.ProcessMesh([0, 1]), dt.ProcessMesh([1, 0])))
+    if world >= 3:
+        pairs.append((dt.ProcessMesh([0, 1]), dt.ProcessMesh([2])))
+        pairs.append((dt.ProcessMesh([0, 1, 2]), dt.ProcessMesh([2, 0])))
+    if world >= 4:
+        pairs.append((dt.ProcessMesh([0, 1]), dt.ProcessMesh([2, 3])))
+        pairs.append((dt.ProcessMesh([[0, 1], [2, 3]]), dt.ProcessMesh([3, 2, 1, 0])))
+        pairs.append((dt.ProcessMesh([3, 1, 2]), dt.ProcessMesh([[0, 2], [1, 3]])))
+    for a, b in pairs:
+        for shape in [(7, 3), (2, 5), (1, 1)]:
+            g = global_value(shape, np.float64, seed=n)
+            for src in [[S0], [S1], [R], [dt.Partial()], [dt.Partial("max")]]:
+                src = (src * a.ndim)[: a.ndim]
+                for dst in [[S0], [S1], [R], [dt.Partial()]]:
+                    dst = (dst * b.ndim)[: b.ndim]
+                    x = make_source(g, a, src)
+                    y = dt.reshard(x, b, dst)
+                    if rank in b:
+                        assert_value(y.numpy(), g, False, f"{a} {src} -> {b} {dst}")
+                    else:
+                        assert y.local_shape == (0,) * y.ndim
+                    n += 1
+    return n
+
+
+def case_print(world: int) -> None:
+    """print shows the global value like numpy; above the threshold only shown items move."""
+    mesh = next(m for m in meshes(world, ((4,), (3,), (2,), (1,))))
+    for shape, placements in [((5, 3), [S0]), ((200, 300), [S1]), ((40, 30, 20), [dt.Partial()]),
+                              ((2000,), [S0]), ((0, 4), [S1])]:
+        g = global_value(shape, np.float64)
+        x = make_source(g, mesh, placements)
+        with dt.CommCounter() as cc:
+            text = repr(x)
+        if dt.get_rank() not in mesh:
+            assert "<not on this rank>" in text
+            continue
+        want = np.array2string(g, separator=", ", prefix="DistTensor(")
+        body = text[len("DistTensor(") : text.index(", shape=")]
+        assert body == want, (body, want)
+        assert f"placements={x.placements}" in text and f"shape={shape}" in text
+        assert str(x) == text
+        if g.size > 1000:  # summarized: only the shown corners travel
+            assert cc.total_bytes < 64 * 1024, cc.bytes
+
+
+def case_random_global_view(world: int) -> None:
+    """rand/randn with a seed: the same global values on every mesh and placement."""
+    ref_u = dt.rand((7, 5), seed=11, mesh=dt.ProcessMesh([0])).to_local() if dt.get_rank() == 0 else None
+    for mesh in meshes(world, ((2,), (3,), (2, 2))):
+        for placements in itertools.product([S0, S1, R], repeat=mesh.ndim):
+            u = dt.rand((7, 5), seed=11, mesh=mesh, placements=list(placements))
+            z = dt.randn((7, 5), seed=11, mesh=mesh, placements=list(placements))
+            if dt.get_rank() in mesh:
+                uu = u.numpy()
+                assert np.array_equal(z.numpy(), dt.randn((7, 5), seed=11, mesh=mesh).numpy())
+                if ref_u is not None:
+                    assert np.array_equal(uu, ref_u)
+
+
+def case_dtensor_from_local(world: int) -> None:
+    """Global shape from uneven pieces, on 1-D and 2-D meshes."""
+    for mesh in meshes(world, ((2,), (3,), (4,), (2, 2))):
+        g = global_value((2 * mesh.size + 1, 3), np.float32)
+        for placements in itertools.product([S0, S1, R], repeat=mesh.ndim):
+            spec = dt.DistSpec.make(mesh, list(placements), g.shape, g.dtype)
+            coord = mesh.get_coord(dt.get_rank())
+            if coord is None:
+                continue
+            x = dt.dtensor_from_local(g[spec.local_slices(coord)], mesh, list(placements))
+            assert x.shape == g.shape and x.dtype == g.dtype
+            assert np.array_equal(x.numpy(), g)
+
+
+ALL = [case_reshard_grid, case_reshard_other_ndims, case_nd_collective_counts, case_cross_mesh,
+       case_print, case_random_global_view, case_dtensor_from_local]

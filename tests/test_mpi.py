@@ -1,0 +1,46 @@
+"""The SPMD cases for real under mpiexec with 1, 2, 3 and 4 ranks, and the no-hang guarantees."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from mpirun import run
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_cases_under_mpiexec(n):
+    code, out = run(n, ["tests/mpi_runner.py"], timeout=420)
+    assert code == 0, out
+    assert "passed, 0 failed" in out, out
+
+
+CRASH = """
+import sys, disttensor as dt
+mesh = dt.init_mesh((dt.get_world_size(),))
+x = dt.ones((8,), mesh=mesh, placements=[dt.Shard(0)])
+if dt.get_rank() == 1:
+    raise ValueError("boom on rank one")
+x.numpy()            # the other ranks wait here for rank 1, which never comes
+dt.barrier()
+"""
+
+CRASH_BEFORE_MPI = """
+import disttensor as dt, os
+if os.environ.get("PMI_RANK") == "1":
+    raise ValueError("boom before any MPI call")
+dt.barrier()
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("script", [CRASH, CRASH_BEFORE_MPI], ids=["in-collective", "before-mpi"])
+def test_uncaught_exception_ends_the_job(script, tmp_path):
+    path = tmp_path / "crash.py"
+    path.write_text(script)
+    t = time.perf_counter()
+    code, out = run(3, [str(path)], timeout=60)
+    assert code != 0, out
+    assert "ValueError: boom" in out and "Traceback" in out, out
+    assert time.perf_counter() - t < 30, "the job should end within seconds"
