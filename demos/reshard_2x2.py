@@ -1,6 +1,6 @@
 """Shard, reshard and print tensors on a 2x2 mesh, checking every result against numpy.
 
-    mpiexec -n 4 python demos/reshard_2x2.py
+mpiexec -n 4 python demos/reshard_2x2.py
 """
 
 from __future__ import annotations
@@ -56,7 +56,11 @@ with dt.CommCounter() as cc:
     text = repr(big)
 say(f"\nA 4096x1024 random tensor (32 MiB) prints; rank 0 sent only {cc.total_bytes} bytes:")
 say(text)
-first = dt.randn((4096, 1024), seed=0, mesh=dt.ProcessMesh([0])).to_local()[:2, :3] if rank == 0 else None
+first = (
+    dt.randn((4096, 1024), seed=0, mesh=dt.ProcessMesh([0])).to_local()[:2, :3]
+    if rank == 0
+    else None
+)
 if rank == 0:
     shown = big.to_local()[:2, :3]  # rank 0 holds the top-left shard
     if not np.array_equal(shown, first):

@@ -47,7 +47,7 @@ def split_offset(n: int, k: int, i: int) -> tuple[int, int]:
 
 
 def contiguous(a: np.ndarray) -> np.ndarray:
-    """``a`` as a C-contiguous array, keeping 0-d arrays 0-d (np.ascontiguousarray makes them 1-d)."""
+    """``a`` as a C-contiguous array; 0-d stays 0-d (np.ascontiguousarray makes it 1-d)."""
     a = np.asarray(a)
     return a if a.flags.c_contiguous else a.copy(order="C")
 

@@ -35,8 +35,10 @@ def main(names: list[str]) -> None:
         dt.barrier()
         if rank == 0:
             extra = f", {out} checks" if isinstance(out, int) else ""
-            print(f"PASS {case.__name__} on {world} ranks ({time.perf_counter() - t:.1f} s{extra})",
-                  flush=True)
+            print(
+                f"PASS {case.__name__} on {world} ranks ({time.perf_counter() - t:.1f} s{extra})",
+                flush=True,
+            )
     if rank == 0:
         print(f"{len(chosen)} passed, 0 failed", flush=True)
 

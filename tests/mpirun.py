@@ -23,11 +23,24 @@ def mpiexec() -> str:
 
 def run(n: int, args: list[str], timeout: float, env: dict | None = None):
     """Run ``python args`` on n ranks; returns (returncode, output). Fails clearly on a hang."""
-    full_env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
-                    MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1", **(env or {}))
+    full_env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        OPENBLAS_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
+        PYTHONUNBUFFERED="1",
+        **(env or {}),
+    )
     cmd = [mpiexec(), "-n", str(n), sys.executable, *args]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

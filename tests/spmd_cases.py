@@ -58,7 +58,7 @@ def global_value(shape, dtype, seed=0) -> np.ndarray:
 
 
 def split_partial(v: np.ndarray, op: str, k: int, rng: np.random.Generator) -> list[np.ndarray]:
-    """k asymmetric local values whose ``op`` reduction is v (so a wrong rule cannot pass by luck)."""
+    """k asymmetric local values whose ``op`` reduction is v (no wrong rule passes by luck)."""
     if k == 1:
         return [v.copy()]
     shape, boolean = v.shape, v.dtype == np.bool_
@@ -87,15 +87,17 @@ def make_source(g: np.ndarray, mesh: dt.ProcessMesh, placements, seed: int = 1) 
     spec = dt.DistSpec.make(mesh, placements, g.shape, g.dtype)
     coord = mesh.get_coord(dt.get_rank())
     if coord is None:
-        return dt.dtensor_from_local(np.empty(spec.local_shape(None), g.dtype), mesh,
-                                     placements, global_shape=g.shape)
+        return dt.dtensor_from_local(
+            np.empty(spec.local_shape(None), g.dtype), mesh, placements, global_shape=g.shape
+        )
     v = g
     for m, p in enumerate(spec.placements):  # outermost first: Note [Partial order]
         if p.is_partial():
             rng = np.random.default_rng([seed, m, *coord[:m]])
             v = split_partial(v, p.reduce_type, mesh.shape[m], rng)[coord[m]]
-    return dt.dtensor_from_local(v[spec.local_slices(coord)].copy(), mesh, placements,
-                                 global_shape=g.shape)
+    return dt.dtensor_from_local(
+        v[spec.local_slices(coord)].copy(), mesh, placements, global_shape=g.shape
+    )
 
 
 def assert_value(got: np.ndarray, want: np.ndarray, exact: bool, what: str) -> None:
@@ -147,9 +149,13 @@ def placements_nd(mesh_ndim, dtype, ndim=2):
     return [list(p) for p in itertools.product(opts, repeat=mesh_ndim)]
 
 
-def case_reshard_grid(world: int, dtypes=DTYPES, nd_dtypes=(np.float64, np.int64),
-                      mesh_shapes=((1,), (2,), (3,), (4,), (2, 2), (2, 3), (3, 2)),
-                      nd_shapes: int = 5) -> int:
+def case_reshard_grid(
+    world: int,
+    dtypes=DTYPES,
+    nd_dtypes=(np.float64, np.int64),
+    mesh_shapes=((1,), (2,), (3,), (4,), (2, 2), (2, 3), (3, 2)),
+    nd_shapes: int = 5,
+) -> int:
     """Every (source, target) placement pair on every mesh that fits, for awkward shapes."""
     n = 0
     for mesh in meshes(world, mesh_shapes):
@@ -182,8 +188,11 @@ def case_reshard_other_ndims(world: int) -> int:
     if world >= 8:
         mesh = dt.ProcessMesh(np.arange(8).reshape(2, 2, 2))
         g = global_value((9, 5), np.float64)
-        for src, dst in [([S0, S0, S0], [S1, S1, S1]), ([S0, dt.Partial(), S1], [R, S0, S0]),
-                         ([dt.Partial("max"), dt.Partial(), S0], [S1, R, S0])]:
+        for src, dst in [
+            ([S0, S0, S0], [S1, S1, S1]),
+            ([S0, dt.Partial(), S1], [R, S0, S0]),
+            ([dt.Partial("max"), dt.Partial(), S0], [S1, R, S0]),
+        ]:
             check_reshard(g, mesh, src, dst)
     return n
 
@@ -249,8 +258,13 @@ def case_cross_mesh(world: int) -> int:
 def case_print(world: int) -> None:
     """print shows the global value like numpy; above the threshold only shown items move."""
     mesh = next(m for m in meshes(world, ((4,), (3,), (2,), (1,))))
-    for shape, placements in [((5, 3), [S0]), ((200, 300), [S1]), ((40, 30, 20), [dt.Partial()]),
-                              ((2000,), [S0]), ((0, 4), [S1])]:
+    for shape, placements in [
+        ((5, 3), [S0]),
+        ((200, 300), [S1]),
+        ((40, 30, 20), [dt.Partial()]),
+        ((2000,), [S0]),
+        ((0, 4), [S1]),
+    ]:
         g = global_value(shape, np.float64)
         x = make_source(g, mesh, placements)
         with dt.CommCounter() as cc:
@@ -269,7 +283,11 @@ def case_print(world: int) -> None:
 
 def case_random_global_view(world: int) -> None:
     """rand/randn with a seed: the same global values on every mesh and placement."""
-    ref_u = dt.rand((7, 5), seed=11, mesh=dt.ProcessMesh([0])).to_local() if dt.get_rank() == 0 else None
+    ref_u = (
+        dt.rand((7, 5), seed=11, mesh=dt.ProcessMesh([0])).to_local()
+        if dt.get_rank() == 0
+        else None
+    )
     for mesh in meshes(world, ((2,), (3,), (2, 2))):
         for placements in itertools.product([S0, S1, R], repeat=mesh.ndim):
             u = dt.rand((7, 5), seed=11, mesh=mesh, placements=list(placements))
@@ -295,5 +313,12 @@ def case_dtensor_from_local(world: int) -> None:
             assert np.array_equal(x.numpy(), g)
 
 
-ALL = [case_reshard_grid, case_reshard_other_ndims, case_nd_collective_counts, case_cross_mesh,
-       case_print, case_random_global_view, case_dtensor_from_local]
+ALL = [
+    case_reshard_grid,
+    case_reshard_other_ndims,
+    case_nd_collective_counts,
+    case_cross_mesh,
+    case_print,
+    case_random_global_view,
+    case_dtensor_from_local,
+]
