@@ -105,7 +105,7 @@ def assert_value(got: np.ndarray, want: np.ndarray, exact: bool, what: str) -> N
     if exact or want.dtype.kind in "biu":
         assert np.array_equal(got, want), what
     else:
-        tol = 1e-4 if want.dtype == np.float32 else 1e-10
+        tol = {np.float16: 5e-3, np.float32: 1e-4}.get(want.dtype.type, 1e-10)
         np.testing.assert_allclose(got, want, rtol=tol, atol=tol * 8, err_msg=what)
 
 
@@ -279,6 +279,15 @@ def case_print(world: int) -> None:
         assert str(x) == text
         if g.size > 1000:  # summarized: only the shown corners travel
             assert cc.total_bytes < 64 * 1024, cc.bytes
+        assert np.array_equal(np.asarray(x), x.numpy())
+    for mesh in meshes(world, ((2, 2), (2, 3))):
+        for placements in ([dt.Partial("max"), S1], [S0, dt.Partial()], [R, S0], [S1, S1]):
+            g = global_value((300, 7, 5), np.float64)
+            x = make_source(g, mesh, placements)
+            text = repr(x)
+            if dt.get_rank() in mesh:
+                body = text[len("DistTensor(") : text.index(", shape=")]
+                assert body == np.array2string(g, separator=", ", prefix="DistTensor(")
 
 
 def case_random_global_view(world: int) -> None:
@@ -313,7 +322,74 @@ def case_dtensor_from_local(world: int) -> None:
             assert np.array_equal(x.numpy(), g)
 
 
+def case_comm_layer(world: int) -> None:
+    """Every collective of the communicator interface, uneven counts, awkward dtypes."""
+    from disttensor import comm
+
+    w = comm.world()
+    rank, n = w.rank, w.size
+    counts = [(i % 3) for i in range(n)]  # uneven, with empty contributions
+    for dtype in (np.float64, np.float32, np.float16, np.int64, np.int32, np.bool_):
+        mine = global_value((n, 5), dtype, seed=3)  # row i is rank i's contribution
+        want = {"sum": mine.sum(0), "max": mine.max(0), "min": mine.min(0)}
+        if dtype == np.bool_:
+            want["sum"] = mine.any(0)
+        for op, ref in want.items():
+            out = np.empty(5, dtype)
+            w.allreduce(mine[rank].copy(), out, op)
+            assert_value(out, ref.astype(dtype), False, f"allreduce {op} {dtype}")
+            work = w.iallreduce(mine[rank].copy(), out2 := np.empty(5, dtype), op)
+            work.wait()
+            assert work.is_completed() and np.array_equal(out, out2)
+        if dtype not in (np.bool_,) and np.dtype(dtype).kind == "f":
+            out = np.empty(5, dtype)
+            w.allreduce(mine[rank].copy(), out, "avg")
+            assert_value(out, (mine.astype(np.float64).mean(0)).astype(dtype), False, "avg")
+        # all-gather with uneven counts
+        send = np.full(counts[rank], rank, dtype)
+        out = np.empty(sum(counts), dtype)
+        w.allgather(send, out, counts)
+        assert np.array_equal(
+            out, np.concatenate([np.full(c, i, dtype) for i, c in enumerate(counts)])
+        )
+        # reduce-scatter with uneven counts
+        full = global_value((n, sum(counts)), dtype, seed=4)
+        out = np.empty(counts[rank], dtype)
+        w.reduce_scatter(full[rank].copy(), out, counts, "max")
+        start = sum(counts[:rank])
+        assert np.array_equal(out, full.max(0)[start : start + counts[rank]])
+        # all-to-all: rank i sends (i + j) % 3 + 1 copies of 10 * i + j to rank j
+        sc = [(rank + j) % 3 + 1 for j in range(n)]
+        send = np.concatenate([np.full(c, 10 * rank + j, dtype) for j, c in enumerate(sc)])
+        rc = [(i + rank) % 3 + 1 for i in range(n)]
+        out = np.empty(sum(rc), dtype)
+        w.alltoall(send, sc, out, rc)
+        want_a2a = np.concatenate([np.full(c, 10 * i + rank, dtype) for i, c in enumerate(rc)])
+        assert np.array_equal(out, want_a2a)
+        # broadcast from the last rank, send/recv around a ring
+        buf = mine[n - 1].copy() if rank == n - 1 else np.empty(5, dtype)
+        w.broadcast(buf, root=n - 1)
+        assert np.array_equal(buf, mine[n - 1])
+        if n > 1:
+            out = np.empty(5, dtype)
+            recv = w.irecv(out, (rank - 1) % n, tag=3)
+            w.isend(mine[rank].copy(), (rank + 1) % n, tag=3).wait()
+            recv.wait()
+            assert np.array_equal(out, mine[(rank - 1) % n])
+    # sub-communicators along a mesh dim are cached, collective over members only
+    if n >= 4:
+        mesh = dt.ProcessMesh([[0, 1], [2, 3]])
+        if rank < 4:
+            g = comm.group(mesh.group_ranks(1, rank))
+            assert g is comm.group(mesh.group_ranks(1, rank)) and g.size == 2
+            out = np.empty(1, np.int64)
+            g.allreduce(np.array([rank]), out, "sum")
+            assert out[0] == sum(mesh.group_ranks(1, rank))
+    w.barrier()
+
+
 ALL = [
+    case_comm_layer,
     case_reshard_grid,
     case_reshard_other_ndims,
     case_nd_collective_counts,
