@@ -41,14 +41,8 @@ def _spec(
     if placements is None:
         placements = [Replicate()] * mesh.ndim
     if isinstance(shape, (int, np.integer)):
-        shape = (int(shape),)
-    try:
-        shape = tuple(int(s) for s in shape)
-    except TypeError:
-        raise TypeError(
-            f"{what}: shape must be an int or a sequence of ints, got {shape!r}"
-        ) from None
-    return DistSpec.make(mesh, placements, shape, dtype)
+        shape = (shape,)
+    return DistSpec.make(mesh, placements, shape, dtype, what=what)
 
 
 def _factory(fill):
@@ -102,7 +96,9 @@ def arange(
         start, stop = 0, start
     if step == 0:
         raise ValueError("arange: step must not be zero")
-    # numpy's own dtype and first two values; it fills the rest as first + i * (second - first)
+    if dtype is None:  # numpy's rule: the common type of start, stop and step
+        dtype = np.result_type(*(np.asarray(v) for v in (start, stop, step)))
+    # numpy's first two values; it fills the rest as first + i * (second - first) in the dtype
     head = np.arange(start, start + 2 * step, step, dtype=dtype)
     n = max(0, math.ceil((stop - start) / step))
     spec = _spec((n,), head.dtype, mesh, placements, "arange")
@@ -110,8 +106,7 @@ def arange(
     delta = head[1] - head[0] if len(head) > 1 else head.dtype.type(step)
 
     def block(sl):
-        i = np.arange(sl[0].start, sl[0].stop)
-        out = (first + i * delta).astype(spec.dtype)
+        out = first + np.arange(sl[0].start, sl[0].stop).astype(spec.dtype) * delta
         if len(out) and sl[0].start == 0:
             out[0] = first
         return out

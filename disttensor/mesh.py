@@ -80,9 +80,13 @@ class ProcessMesh:
         """The ranks as a (read-only) array of the mesh's shape."""
         return self._ids
 
-    @cached_property
+    @property
     def process_ids(self) -> list[int]:
-        return self._ids.ravel().tolist()
+        return list(self._flat)
+
+    @cached_property
+    def _flat(self) -> tuple[int, ...]:
+        return tuple(self._ids.ravel().tolist())
 
     @cached_property
     def _coords(self) -> dict[int, tuple[int, ...]]:

@@ -8,6 +8,7 @@ Frozen values with exact reprs and no communication code (that lives in ``reshar
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 REDUCE_TYPES = ("sum", "avg", "max", "min")
@@ -35,8 +36,12 @@ class Shard(Placement):
     dim: int
 
     def __post_init__(self) -> None:
-        if isinstance(self.dim, bool) or not isinstance(self.dim, int):
+        if isinstance(self.dim, bool):
             raise TypeError(f"Shard(dim) needs an int tensor axis, got {self.dim!r}")
+        try:
+            object.__setattr__(self, "dim", operator.index(self.dim))  # numpy ints too
+        except TypeError:
+            raise TypeError(f"Shard(dim) needs an int tensor axis, got {self.dim!r}") from None
 
     def is_shard(self, dim: int | None = None) -> bool:
         return dim is None or dim == self.dim

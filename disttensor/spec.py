@@ -23,6 +23,7 @@ Note [Partial order]
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -92,15 +93,26 @@ class DistSpec:
 
     @staticmethod
     def make(
-        mesh: ProcessMesh, placements: Sequence[Placement], shape: Sequence[int], dtype: Any
+        mesh: ProcessMesh,
+        placements: Sequence[Placement],
+        shape: Sequence[int],
+        dtype: Any,
+        what: str = "DistSpec",
     ) -> DistSpec:
         """Validated constructor (the dataclass one trusts its arguments)."""
         if not isinstance(mesh, ProcessMesh):
-            raise TypeError(f"mesh must be a dt.ProcessMesh, got {type(mesh).__name__}")
-        shape = tuple(int(s) for s in shape)
+            raise TypeError(f"{what}: mesh must be a dt.ProcessMesh, got {type(mesh).__name__}")
+        try:
+            shape = tuple(operator.index(s) for s in shape)
+        except TypeError:
+            raise TypeError(
+                f"{what}: shape must be an int or a sequence of ints, got {shape!r}"
+            ) from None
         if any(s < 0 for s in shape):
-            raise ValueError(f"negative dimensions are not allowed, got shape {shape}")
+            raise ValueError(f"{what}: negative dimensions are not allowed, got shape {shape}")
         dtype = np.dtype(dtype)
+        if dtype.kind not in "biufc":
+            raise TypeError(f"{what}: dtype must be bool or numeric, got {dtype}")
         placements = normalize_placements(placements, mesh, len(shape))
         if dtype.kind not in "fc" and any(
             isinstance(p, Partial) and p.reduce_type == "avg" for p in placements

@@ -233,7 +233,7 @@ def shard_tensor(
         ) from None
     if arr.dtype == object:
         raise TypeError(f"shard_tensor needs numeric data, got an object array from {data!r:.80}")
-    spec = DistSpec.make(mesh, placements, arr.shape, arr.dtype)
+    spec = DistSpec.make(mesh, placements, arr.shape, arr.dtype, what="shard_tensor")
     return from_spec_block(lambda slices: arr[slices].copy(), spec, requires_grad)
 
 
@@ -254,7 +254,7 @@ def dtensor_from_local(
     rank = comm.get_rank()
     coord = mesh.get_coord(rank)
     if global_shape is not None:
-        spec = DistSpec.make(mesh, placements, global_shape, local.dtype)
+        spec = DistSpec.make(mesh, placements, global_shape, local.dtype, what="dtensor_from_local")
         want = spec.local_shape(coord)
         if coord is not None and local.shape != want:
             raise ValueError(
@@ -270,14 +270,14 @@ def dtensor_from_local(
             f"dtensor_from_local: rank {rank} is not in the mesh {mesh.process_ids}, so it cannot "
             "learn the global shape; pass global_shape=..."
         )
-    spec = DistSpec.make(mesh, placements, local.shape, local.dtype)  # validates placements
+    # Gather first and validate only what every rank then knows, so a bad shard on one rank
+    # raises the same error on all of them instead of leaving them in the all-gather.
     infos = comm.group(tuple(mesh.process_ids)).allgather_object((local.shape, local.dtype.str))
-    spec = _infer_global(spec, dict(zip(mesh.process_ids, infos)))
+    spec = _infer_global(mesh, placements, dict(zip(mesh.process_ids, infos)))
     return DistTensor(local, spec)
 
 
-def _infer_global(spec: DistSpec, infos: dict[int, tuple]) -> DistSpec:
-    mesh = spec.mesh
+def _infer_global(mesh: ProcessMesh, placements, infos: dict[int, tuple]) -> DistSpec:
     ndims = {len(s) for s, _ in infos.values()}
     dtypes = {d for _, d in infos.values()}
     if len(ndims) > 1 or len(dtypes) > 1:
@@ -285,6 +285,8 @@ def _infer_global(spec: DistSpec, infos: dict[int, tuple]) -> DistSpec:
             "dtensor_from_local: ranks passed shards of different ndim or dtype: "
             + ", ".join(f"rank {r}: {s} {np.dtype(d)}" for r, (s, d) in infos.items())
         )
+    first = next(iter(infos.values()))[0]
+    spec = DistSpec.make(mesh, placements, first, dtypes.pop(), what="dtensor_from_local")
     shape = []
     for axis in range(spec.ndim):
         dims = [m for m, p in enumerate(spec.placements) if p.is_shard(axis)]
@@ -296,7 +298,7 @@ def _infer_global(spec: DistSpec, infos: dict[int, tuple]) -> DistSpec:
                 coord[m] = c
             total += infos[int(mesh.mesh[tuple(coord)])][0][axis]
         shape.append(total)
-    out = spec.replace(shape=tuple(shape), dtype=np.dtype(dtypes.pop()))
+    out = spec.replace(shape=tuple(shape))
     bad = [
         (r, s, out.local_shape(mesh.get_coord(r)))
         for r, (s, _) in infos.items()
@@ -324,7 +326,7 @@ def reshard(x: DistTensor, mesh: ProcessMesh, placements: Sequence[Placement]) -
     if not isinstance(x, DistTensor):
         raise TypeError(f"reshard needs a DistTensor, got {type(x).__name__}; use dt.shard_tensor")
     check_world(mesh, "reshard")
-    dst = DistSpec.make(mesh, placements, x.shape, x.dtype)
+    dst = DistSpec.make(mesh, placements, x.shape, x.dtype, what="reshard")
     if dst == x.spec:
         return x
     return DistTensor(_reshard.execute(x.to_local(), x.spec, dst), dst, x.requires_grad)
