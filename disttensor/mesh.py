@@ -85,6 +85,10 @@ class ProcessMesh:
         return list(self._flat)
 
     @cached_property
+    def max_rank(self) -> int:
+        return int(self._ids.max())
+
+    @cached_property
     def _flat(self) -> tuple[int, ...]:
         return tuple(self._ids.ravel().tolist())
 

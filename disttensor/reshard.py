@@ -143,11 +143,20 @@ def execute(local: np.ndarray, spec: DistSpec, dst: DistSpec) -> np.ndarray:
     coord = spec.mesh.get_coord(rank)
     if coord is None:  # not in the mesh: nothing to hold, nothing to do
         return _empty(dst, coord)
-    for step in plan(spec.mesh.shape, spec.placements, dst.placements):
+    for step, before in _path(spec, dst):
         group = _Dim(spec.mesh, step.mesh_dim, rank, coord)
-        local = _STEPS[step.kind](local, spec, step, coord, group)
-        spec = spec.with_placement(step.mesh_dim, step.dst)
+        local = _STEPS[step.kind](local, before, step, coord, group)
     return local
+
+
+@lru_cache(maxsize=4096)
+def _path(spec: DistSpec, dst: DistSpec) -> tuple[tuple[Step, DistSpec], ...]:
+    """The plan's steps, each with the spec it starts from (cached: repeats rebuild nothing)."""
+    out = []
+    for step in plan(spec.mesh.shape, spec.placements, dst.placements):
+        out.append((step, spec))
+        spec = spec.with_placement(step.mesh_dim, step.dst)
+    return tuple(out)
 
 
 class _Dim:
@@ -176,9 +185,17 @@ def _empty(spec: DistSpec, coord) -> np.ndarray:
     return np.empty(spec.local_shape(coord), spec.dtype)
 
 
+@lru_cache(maxsize=4096)
 def _block(spec: DistSpec, m: int, coord) -> tuple[int, ...]:
     """Shape of the whole the group along mesh dim ``m`` holds pieces of."""
     return spec.with_placement(m, _R).local_shape(coord)
+
+
+@lru_cache(maxsize=4096)
+def _split_counts(shape: tuple[int, ...], axis: int, k: int):
+    """Sizes along ``axis`` of ``shape`` split k ways, and each piece's element count."""
+    sizes = split_sizes(shape[axis], k)
+    return sizes, [math.prod(_resized(shape, axis, s)) for s in sizes]
 
 
 def _resized(shape: tuple[int, ...], axis: int, n: int) -> tuple[int, ...]:
@@ -223,10 +240,9 @@ def _contiguous_along(shape: tuple[int, ...], axis: int) -> bool:
 def _all_gather(local, spec, step, coord, group):
     d = step.src.dim
     full = _block(spec, step.mesh_dim, coord)
-    sizes = split_sizes(full[d], group.size)
+    sizes, counts = _split_counts(full, d, group.size)
     local = contiguous(local)
     out = np.empty(full, spec.dtype)
-    counts = [math.prod(_resized(full, d, s)) for s in sizes]
     if _contiguous_along(full, d):
         group.comm.allgather(local, out, counts)
     else:
@@ -261,11 +277,13 @@ def _all_to_all(local, spec, step, coord, group):
     mine = e_sizes[group.rank]
     out_shape = _resized(full, e, mine)
     out = np.empty(out_shape, spec.dtype)
-    recv_counts = [math.prod(_resized(out_shape, d, s)) for s in d_sizes]
+    recv_counts = _split_counts(out_shape, d, group.size)[1]
+    if len(set(d_sizes)) == len(set(e_sizes)) == 1:  # the group's sizes: the same on all ranks
+        send_counts = recv_counts = None  # equal blocks: the fast collective
     if _contiguous_along(out_shape, d):
         group.comm.alltoall(send, send_counts, out, recv_counts)
     else:
-        flat = np.empty(sum(recv_counts), spec.dtype)
+        flat = np.empty(out.size, spec.dtype)
         group.comm.alltoall(send, send_counts, flat, recv_counts)
         _unpack(flat, out_shape, d, d_sizes, out)
     return out

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -177,8 +178,8 @@ def check_world(mesh: ProcessMesh, what: str) -> None:
     if not isinstance(mesh, ProcessMesh):
         raise TypeError(f"{what}: mesh must be a dt.ProcessMesh, got {type(mesh).__name__}")
     n = comm.get_world_size()
-    bad = [r for r in mesh.process_ids if r >= n]
-    if bad:
+    if mesh.max_rank >= n:
+        bad = [r for r in mesh.process_ids if r >= n]
         raise ValueError(
             f"{what}: the mesh has ranks {bad} but the world has only {n} ranks (0..{n - 1}); "
             f"launch with more processes or use a mesh of existing ranks"
@@ -326,7 +327,16 @@ def reshard(x: DistTensor, mesh: ProcessMesh, placements: Sequence[Placement]) -
     if not isinstance(x, DistTensor):
         raise TypeError(f"reshard needs a DistTensor, got {type(x).__name__}; use dt.shard_tensor")
     check_world(mesh, "reshard")
-    dst = DistSpec.make(mesh, placements, x.shape, x.dtype, what="reshard")
+    if isinstance(placements, (list, tuple)) and all(isinstance(p, Placement) for p in placements):
+        dst = _target(mesh, tuple(placements), x.shape, x.dtype)
+    else:
+        dst = DistSpec.make(mesh, placements, x.shape, x.dtype, what="reshard")  # raises
     if dst == x.spec:
         return x
     return DistTensor(_reshard.execute(x.to_local(), x.spec, dst), dst, x.requires_grad)
+
+
+@lru_cache(maxsize=4096)
+def _target(mesh: ProcessMesh, placements: tuple, shape: tuple, dtype: np.dtype) -> DistSpec:
+    """Validated target specs, cached: a repeated reshard skips the validation work."""
+    return DistSpec.make(mesh, placements, shape, dtype, what="reshard")

@@ -44,3 +44,11 @@ def test_uncaught_exception_ends_the_job(script, tmp_path):
     assert code != 0, out
     assert "ValueError: boom" in out and "Traceback" in out, out
     assert time.perf_counter() - t < 30, "the job should end within seconds"
+
+
+@pytest.mark.mpi
+def test_reshard_benchmark_runs():
+    """bench/reshard.py --quick checks its own results; no timing is asserted here."""
+    code, out = run(2, ["bench/reshard.py", "--quick"], timeout=120)
+    assert code == 0, out
+    assert "S->R" in out, out

@@ -92,7 +92,10 @@ class Communicator:
         return self._iallreduce(send, recv, op)
 
     def allgather(self, send: np.ndarray, recv: np.ndarray, counts: Sequence[int]) -> None:
-        """Rank i contributes ``counts[i]`` elements; ``recv`` gets them concatenated by rank."""
+        """Rank i contributes ``counts[i]`` elements; ``recv`` gets them concatenated by rank.
+
+        ``counts`` must be the same list on every rank of the group.
+        """
         record("all_gather", send.nbytes)
         self._allgather(send, recv, counts)
 
@@ -106,11 +109,16 @@ class Communicator:
     def alltoall(
         self,
         send: np.ndarray,
-        send_counts: Sequence[int],
+        send_counts: Sequence[int] | None,
         recv: np.ndarray,
-        recv_counts: Sequence[int],
+        recv_counts: Sequence[int] | None,
     ) -> None:
-        """Block i of ``send`` goes to rank i; block j of ``recv`` comes from rank j."""
+        """Block i of ``send`` goes to rank i; block j of ``recv`` comes from rank j.
+
+        Counts ``None`` means equal blocks on every rank of the group; only a caller can know
+        that for all ranks (a rank's own counts may look equal when others' do not), and MPI
+        runs equal-block all-to-all markedly faster.
+        """
         record("all_to_all", send.nbytes)
         self._alltoall(send, send_counts, recv, recv_counts)
 
@@ -177,6 +185,11 @@ class Communicator:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} rank {self.rank} of {self.ranks}>"
+
+
+def equal_counts(buf: np.ndarray, n: int) -> list[int]:
+    """The counts of ``buf`` split into ``n`` equal blocks (alltoall with counts None)."""
+    return [buf.size // n] * n
 
 
 def displacements(counts: Sequence[int]) -> list[int]:

@@ -12,7 +12,7 @@ import sys
 
 import numpy as np
 
-from .base import Communicator, Work, displacements
+from .base import Communicator, Work, displacements, equal_counts
 
 _OPS = {}
 
@@ -94,11 +94,20 @@ class MPIComm(Communicator):
     # Data movement ------------------------------------------------------------------------
     def _allgather(self, send, recv, counts):
         MPI = _mpi()
+        if len(set(counts)) == 1:  # the same list on every rank, so every rank takes this branch
+            # Allgather is 1.7-3x faster than Allgatherv in MPICH (docs/performance.md).
+            self.comm.Allgather(_bytes(send), _bytes(recv))
+            return
         b = [c * send.itemsize for c in counts]
         self.comm.Allgatherv(_bytes(send), [_bytes(recv), b, displacements(b), MPI.BYTE])
 
     def _alltoall(self, send, send_counts, recv, recv_counts):
         MPI = _mpi()
+        if send_counts is None and recv_counts is None:  # equal blocks everywhere (caller says)
+            self.comm.Alltoall(_bytes(send), _bytes(recv))
+            return
+        send_counts = send_counts or equal_counts(send, self.size)
+        recv_counts = recv_counts or equal_counts(recv, self.size)
         sb = [c * send.itemsize for c in send_counts]
         rb = [c * recv.itemsize for c in recv_counts]
         self.comm.Alltoallv(

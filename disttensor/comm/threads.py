@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .base import Communicator, Work, displacements, reduce_arrays
+from .base import Communicator, Work, displacements, equal_counts, reduce_arrays
 
 
 class RankAborted(RuntimeError):
@@ -127,6 +127,9 @@ class ThreadComm(Communicator):
         self._x(send, "reduce_scatter", compute)
 
     def _alltoall(self, send, send_counts, recv, recv_counts):
+        send_counts = send_counts or equal_counts(send, self.size)
+        recv_counts = recv_counts or equal_counts(recv, self.size)
+
         def compute(items):
             flat = recv.reshape(-1)
             for j, (d, c) in enumerate(zip(displacements(recv_counts), recv_counts)):
