@@ -3,11 +3,14 @@
 See docs/ for the guide and ../DESIGN.md for the architecture. Importing starts no MPI work.
 """
 
+from . import spmd
 from .comm import RankAborted, barrier, get_rank, get_world_size, simulate
 from .comm.mpi import install_abort_hook
 from .creation import arange, empty, full, manual_seed, ones, rand, randn, zeros
 from .debug import CommCounter
 from .mesh import ProcessMesh, init_mesh
+from .ops import *  # noqa: F403  (numpy-named ops: dt.add, dt.matmul, dt.sum, ...)
+from .ops import __all__ as _ops_all
 from .placement import Partial, Placement, Replicate, Shard
 from .spec import DistSpec
 from .tensor import DistTensor, dtensor_from_local, reshard, shard_tensor
@@ -41,5 +44,7 @@ __all__ = [
     "reshard",
     "shard_tensor",
     "simulate",
+    "spmd",
     "zeros",
+    *_ops_all,
 ]

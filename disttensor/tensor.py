@@ -125,6 +125,171 @@ class DistTensor:
 
     __str__ = __repr__
 
+    # -- ops as methods and operators (the op set lives in ops/, reached lazily) --------------
+    __array_priority__ = 100
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        return _ops().array_ufunc(ufunc, method, inputs, kwargs)
+
+    def __array_function__(self, func, types, args, kwargs):
+        return _ops().array_function(func, args, kwargs)
+
+    def __add__(self, o):
+        return _ops().add(self, o)
+
+    def __radd__(self, o):
+        return _ops().add(o, self)
+
+    def __sub__(self, o):
+        return _ops().subtract(self, o)
+
+    def __rsub__(self, o):
+        return _ops().subtract(o, self)
+
+    def __mul__(self, o):
+        return _ops().multiply(self, o)
+
+    def __rmul__(self, o):
+        return _ops().multiply(o, self)
+
+    def __truediv__(self, o):
+        return _ops().divide(self, o)
+
+    def __rtruediv__(self, o):
+        return _ops().divide(o, self)
+
+    def __floordiv__(self, o):
+        return _ops().floor_divide(self, o)
+
+    def __rfloordiv__(self, o):
+        return _ops().floor_divide(o, self)
+
+    def __mod__(self, o):
+        return _ops().mod(self, o)
+
+    def __pow__(self, o):
+        return _ops().power(self, o)
+
+    def __rpow__(self, o):
+        return _ops().power(o, self)
+
+    def __matmul__(self, o):
+        return _ops().matmul(self, o)
+
+    def __rmatmul__(self, o):
+        return _ops().matmul(o, self)
+
+    def __neg__(self):
+        return _ops().negative(self)
+
+    def __pos__(self):
+        return _ops().positive(self)
+
+    def __abs__(self):
+        return _ops().abs(self)
+
+    def __invert__(self):
+        return _ops().array_ufunc(np.invert, "__call__", (self,), {})
+
+    def __and__(self, o):
+        return _ops().array_ufunc(np.bitwise_and, "__call__", (self, o), {})
+
+    def __or__(self, o):
+        return _ops().array_ufunc(np.bitwise_or, "__call__", (self, o), {})
+
+    def __xor__(self, o):
+        return _ops().array_ufunc(np.bitwise_xor, "__call__", (self, o), {})
+
+    def __eq__(self, o):
+        return _ops().equal(self, o)  # type: ignore[override]
+
+    def __ne__(self, o):
+        return _ops().not_equal(self, o)  # type: ignore[override]
+
+    def __lt__(self, o):
+        return _ops().less(self, o)
+
+    def __le__(self, o):
+        return _ops().less_equal(self, o)
+
+    def __gt__(self, o):
+        return _ops().greater(self, o)
+
+    def __ge__(self, o):
+        return _ops().greater_equal(self, o)
+
+    __hash__ = None  # type: ignore[assignment]  # == is elementwise, as in numpy
+
+    def sum(self, axis=None, keepdims=False):
+        return _ops().sum(self, axis, keepdims)
+
+    def mean(self, axis=None, keepdims=False):
+        return _ops().mean(self, axis, keepdims)
+
+    def max(self, axis=None, keepdims=False):
+        return _ops().max(self, axis, keepdims)
+
+    def min(self, axis=None, keepdims=False):
+        return _ops().min(self, axis, keepdims)
+
+    def prod(self, axis=None, keepdims=False):
+        return _ops().prod(self, axis, keepdims)
+
+    def all(self, axis=None, keepdims=False):
+        return _ops().all(self, axis, keepdims)
+
+    def any(self, axis=None, keepdims=False):
+        return _ops().any(self, axis, keepdims)
+
+    def argmax(self, axis=None, keepdims=False):
+        return _ops().argmax(self, axis, keepdims)
+
+    def argmin(self, axis=None, keepdims=False):
+        return _ops().argmin(self, axis, keepdims)
+
+    def var(self, axis=None, ddof=0, keepdims=False):
+        return _ops().var(self, axis, ddof, keepdims)
+
+    def std(self, axis=None, ddof=0, keepdims=False):
+        return _ops().std(self, axis, ddof, keepdims)
+
+    def astype(self, dtype):
+        return _ops().astype(self, dtype)
+
+    def clip(self, a_min=None, a_max=None):
+        return _ops().clip(self, a_min, a_max)
+
+    # -- Python scalars: collective, like numpy() ---------------------------------------------
+    def _scalar(self, kind):
+        if self.size != 1:
+            raise ValueError(
+                f"{kind.__name__}() of a DistTensor with {self.size} elements is ambiguous "
+                "(as for numpy arrays); use .any() or .all()"
+            )
+        return kind(self.numpy().reshape(()))
+
+    def __bool__(self):
+        return self._scalar(bool)
+
+    def __float__(self):
+        return self._scalar(float)
+
+    def __int__(self):
+        return self._scalar(int)
+
+    def __complex__(self):
+        return self._scalar(complex)
+
+    def item(self):
+        """The value of a one-element tensor as a Python scalar (collective)."""
+        return self._scalar(lambda v: v.item())
+
+
+def _ops():
+    from . import ops  # the op set is built on this module, so it is reached lazily
+
+    return ops
+
 
 def _gather_shown(x: DistTensor, idx: tuple[np.ndarray, ...], rank: int) -> np.ndarray:
     """The global value at the ``np.ix_(*idx)`` grid, moving only those items (one all-gather).

@@ -1,0 +1,215 @@
+"""The one dispatch path every op takes (DESIGN.md steps 1-5).
+
+1. normalize: DistTensors and arrays are tensors (arrays become Replicate on the mesh of the
+   DistTensors); Python and numpy scalars pass to the kernel as they are, so numpy's type
+   promotion is unchanged;
+2. rule: the op's SPMD rule, or the replicate fallback (counted, logged once per op);
+   decisions are cached on (op, input specs, argument layout, attributes);
+3. reshard the inputs that are not already as the rule needs;
+4. run the local kernel on the shards (ranks outside the mesh skip it);
+5. wrap the outputs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import comm
+from . import reshard as _reshard
+from .placement import Replicate
+from .spec import DistSpec
+from .spmd import TensorSpec, get_rule
+from .tensor import DistTensor
+
+log = logging.getLogger("disttensor")
+
+FALLBACKS: Counter[str] = Counter()  # op name -> replicate-fallback calls (dt.debug shows it)
+
+
+@dataclass(frozen=True)
+class KernelContext:
+    """What a kernel that needs the global picture gets (``Op(ctx=True)``)."""
+
+    inputs: tuple[DistSpec, ...]  # the specs the inputs were resharded to
+    outputs: tuple[tuple, ...]  # output placements
+    coord: tuple[int, ...] | None
+
+
+@dataclass(frozen=True)
+class Op:
+    """An op: its local kernel and the name of its SPMD rule (None: replicate fallback)."""
+
+    name: str
+    kernel: Callable[..., Any]
+    rule: str | None = None
+    ctx: bool = False  # kernel takes ctx=KernelContext
+
+    def __call__(self, *args: Any, **attrs: Any) -> Any:
+        return apply(self, args, attrs)
+
+
+_cache: dict[tuple, tuple] = {}
+
+
+def apply(op: Op, args: tuple, attrs: dict) -> Any:
+    # 1. normalize
+    mesh = None
+    for a in args:
+        if isinstance(a, DistTensor):
+            if mesh is None:
+                mesh = a._spec.mesh
+            elif a._spec.mesh != mesh:
+                raise ValueError(
+                    f"{op.name}: operands live on different meshes ({mesh} and {a._spec.mesh}); "
+                    "move one with dt.reshard(x, mesh, placements)"
+                )
+    if mesh is None:  # no DistTensor: plain numpy
+        return op.kernel(*args, **attrs)
+    pos, tensors = [], []
+    for i, a in enumerate(args):
+        if isinstance(a, DistTensor):
+            pos.append(i)
+            tensors.append(a)
+        elif isinstance(a, np.ndarray):
+            pos.append(i)
+            tensors.append(_replicate(a, mesh))
+    specs = tuple(t._spec for t in tensors)
+    # 2. rule (cached)
+    try:
+        key = (op.name, specs, tuple(pos), len(args), tuple(attrs.items()))
+        plan = _cache.get(key)
+    except TypeError:  # unhashable attributes: decide every time
+        key, plan = None, None
+    if plan is None:
+        plan = _decide(op, specs, tuple(pos), len(args), attrs, mesh)
+        if key is not None:
+            _cache[key] = plan
+    targets, out_placements, out_shapes = plan
+    # 3. reshard
+    rank = comm.get_rank()
+    coord = mesh.get_coord(rank)
+    locals_ = [
+        t._local if t._spec == s else _reshard.execute(t._local, t._spec, s)
+        for t, s in zip(tensors, targets)
+    ]
+    # 4. kernel
+    kargs = list(args)
+    for i, loc in zip(pos, locals_):
+        kargs[i] = loc
+    if coord is None:
+        result = _probe(op, kargs, pos, attrs, targets, out_placements)
+    elif op.ctx:
+        result = op.kernel(*kargs, ctx=KernelContext(targets, out_placements, coord), **attrs)
+    else:
+        result = op.kernel(*kargs, **attrs)
+    # 5. wrap
+    if out_shapes is None:  # replicate fallback: every rank ran the whole op
+        return _wrap_replicated(result, mesh)
+    results = result if isinstance(result, tuple) else (result,)
+    outs = []
+    for res, pl, shape in zip(results, out_placements, out_shapes):
+        res = np.asarray(res)
+        spec = DistSpec(mesh, pl, shape, res.dtype)
+        if coord is None:
+            res = np.empty(spec.local_shape(None), res.dtype)
+        elif res.shape != spec.local_shape(coord):
+            raise RuntimeError(
+                f"internal error in the SPMD rule of {op.name!r}: the kernel made a local shape "
+                f"{res.shape} where {spec} needs {spec.local_shape(coord)}"
+            )
+        outs.append(DistTensor(res, spec))
+    return tuple(outs) if isinstance(result, tuple) else outs[0]
+
+
+def _replicate(a: np.ndarray, mesh) -> DistTensor:
+    spec = DistSpec.make(mesh, [Replicate()] * mesh.ndim, a.shape, a.dtype, what="operand")
+    return DistTensor(a, spec)
+
+
+def _note_fallback(name: str) -> None:
+    FALLBACKS[name] += 1
+    if FALLBACKS[name] == 1:
+        log.warning(
+            "disttensor: %s has no SPMD rule; its inputs are replicated (all-gathered) and every "
+            "rank computes the whole result",
+            name,
+        )
+
+
+def fallback(name: str, func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    """The replicate fallback for any numpy function: DistTensors (also inside lists, tuples
+    and keyword arguments) become their global values, ``func`` runs on every rank, and array
+    results come back Replicate on the operands' mesh. Counted and logged once per name."""
+    found: list[DistTensor] = []
+
+    def unwrap(a):
+        if isinstance(a, DistTensor):
+            found.append(a)
+            return a
+        if isinstance(a, (list, tuple)):
+            return type(a)(unwrap(b) for b in a)
+        return a
+
+    args, kwargs = unwrap(args), {k: unwrap(v) for k, v in kwargs.items()}
+    meshes = {t.mesh for t in found}
+    if len(meshes) > 1:
+        raise ValueError(f"{name}: operands live on different meshes {sorted(map(repr, meshes))}")
+    if not found:
+        return func(*args, **kwargs)
+    mesh = found[0].mesh
+    _note_fallback(name)
+    rep = [Replicate()] * mesh.ndim
+    values = {
+        id(t): _reshard.execute(t._local, t._spec, t._spec.replace(placements=rep)) for t in found
+    }
+
+    def value(a):
+        if isinstance(a, DistTensor):
+            return values[id(a)]
+        if isinstance(a, (list, tuple)):
+            return type(a)(value(b) for b in a)
+        return a
+
+    result = func(*value(args), **{k: value(v) for k, v in kwargs.items()})
+    return _wrap_replicated(result, mesh)
+
+
+def _decide(op: Op, specs, pos, nargs, attrs, mesh):
+    rule = get_rule(op.rule) if op.rule else None
+    if rule is None:
+        _note_fallback(op.name)
+        rep = (Replicate(),) * mesh.ndim
+        return tuple(s.replace(placements=rep) for s in specs), None, None
+    tspecs = tuple(TensorSpec(s.shape, s.placements) for s in specs)
+    res = rule(tspecs, mesh.shape, pos=pos, nargs=nargs, **attrs)
+    targets = tuple(s.replace(placements=p) for s, p in zip(specs, res.inputs))
+    return targets, res.outputs, res.shapes
+
+
+def _probe(op: Op, kargs, pos, attrs, targets, out_placements):
+    """Output dtypes on a rank outside the mesh: the kernel on one-element stand-ins."""
+    for i, t in zip(pos, targets):
+        kargs[i] = np.zeros((1,) * len(t.shape), t.dtype)
+    try:
+        if op.ctx:
+            return op.kernel(*kargs, ctx=KernelContext(targets, out_placements, None), **attrs)
+        return op.kernel(*kargs, **attrs)
+    except Exception:
+        return np.zeros((), targets[0].dtype)
+
+
+def _wrap_replicated(result, mesh):
+    if isinstance(result, tuple):
+        return tuple(_wrap_replicated(r, mesh) for r in result)
+    if isinstance(result, list):
+        return [_wrap_replicated(r, mesh) for r in result]
+    if isinstance(result, (np.ndarray, np.generic)):
+        arr = np.asarray(result)
+        return _replicate(arr, mesh)
+    return result  # Python objects (shapes, bools) as numpy returned them

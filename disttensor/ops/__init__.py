@@ -1,0 +1,54 @@
+"""The op set, by family; every op goes through dispatch.apply (one path)."""
+
+from __future__ import annotations
+
+from .elementwise import *  # noqa: F403
+from .elementwise import __all__ as _ew
+from .linalg import *  # noqa: F403
+from .linalg import __all__ as _la
+from .reduction import *  # noqa: F403
+from .reduction import __all__ as _red
+
+__all__ = [*_ew, *_la, *_red]
+
+# -- numpy interop: np.exp(x), np.sum(x, axis=0), np.concatenate([a, b]) on DistTensors ---------
+from ..dispatch import fallback as _fallback
+from .elementwise import OPS as _EW
+
+_UFUNC_NAMES = {"absolute": "abs", "true_divide": "divide", "remainder": "mod"}
+_REDUCE = {
+    "add": "sum",
+    "maximum": "max",
+    "minimum": "min",
+    "multiply": "prod",
+    "logical_and": "all",
+    "logical_or": "any",
+}
+_FUNCS = {name: globals()[name] for name in __all__}
+
+
+def array_ufunc(ufunc, method, inputs, kwargs):
+    """``__array_ufunc__``: ufunc calls and reductions through the op set, else the fallback."""
+    if "out" in kwargs:
+        return NotImplemented  # DistTensors are not written in place
+    name = _UFUNC_NAMES.get(ufunc.__name__, ufunc.__name__)
+    if method == "__call__" and not kwargs and name in _EW:
+        return _EW[name](*inputs)
+    if method == "reduce" and ufunc.__name__ in _REDUCE and len(inputs) == 1:
+        kw = dict(kwargs)
+        axis = kw.pop("axis", 0)
+        keepdims = kw.pop("keepdims", False)
+        if not kw:
+            return _FUNCS[_REDUCE[ufunc.__name__]](inputs[0], axis, keepdims)
+    return _fallback(f"{ufunc.__name__}.{method}", getattr(ufunc, method), inputs, kwargs)
+
+
+def array_function(func, args, kwargs):
+    """``__array_function__``: numpy functions with a dt op of the same name use it."""
+    ours = _FUNCS.get(func.__name__)
+    if ours is not None:
+        try:
+            return ours(*args, **kwargs)
+        except TypeError:
+            pass  # numpy arguments we do not take (out=, dtype=, ...): the fallback is exact
+    return _fallback(func.__name__, func, args, kwargs)

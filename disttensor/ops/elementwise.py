@@ -1,0 +1,124 @@
+"""Elementwise ops: numpy semantics (broadcasting, type promotion), one table row each.
+
+>>> import numpy as np, disttensor as dt
+>>> mesh = dt.ProcessMesh([0])
+>>> x = dt.shard_tensor(np.array([-1.0, 0.5]), mesh, [dt.Shard(0)])
+>>> dt.relu(x).to_local(), (x * 2 + 1).to_local()
+(array([0. , 0.5]), array([-1.,  2.]))
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..dispatch import Op
+
+
+def _sigmoid(x):
+    # exp of a non-positive number only: no overflow for large |x|
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(np.result_type(x, 1.0), copy=False)
+
+
+def _gelu(x):
+    """The tanh approximation of GELU (as in GPT-2 and BERT)."""
+    c = np.sqrt(2 / np.pi).astype(np.result_type(x, 1.0))
+    return 0.5 * x * (1 + np.tanh(c * (x + 0.044715 * x**3)))
+
+
+UNARY = {
+    "negative": np.negative,
+    "positive": np.positive,
+    "abs": np.abs,
+    "exp": np.exp,
+    "expm1": np.expm1,
+    "log": np.log,
+    "log1p": np.log1p,
+    "log2": np.log2,
+    "log10": np.log10,
+    "sqrt": np.sqrt,
+    "rsqrt": lambda x: 1 / np.sqrt(x),
+    "square": np.square,
+    "reciprocal": np.reciprocal,
+    "sign": np.sign,
+    "sin": np.sin,
+    "cos": np.cos,
+    "tan": np.tan,
+    "tanh": np.tanh,
+    "arctan": np.arctan,
+    "sinh": np.sinh,
+    "cosh": np.cosh,
+    "sigmoid": _sigmoid,
+    "relu": lambda x: np.maximum(x, 0),
+    "gelu": _gelu,
+    "silu": lambda x: x * _sigmoid(x),
+    "floor": np.floor,
+    "ceil": np.ceil,
+    "round": np.round,
+    "logical_not": np.logical_not,
+    "isnan": np.isnan,
+    "isfinite": np.isfinite,
+    "isinf": np.isinf,
+    "conjugate": np.conjugate,
+    "real": np.real,
+    "imag": np.imag,
+}
+BINARY = {
+    "add": np.add,
+    "subtract": np.subtract,
+    "multiply": np.multiply,
+    "divide": np.divide,
+    "true_divide": np.true_divide,
+    "power": np.power,
+    "maximum": np.maximum,
+    "minimum": np.minimum,
+    "floor_divide": np.floor_divide,
+    "mod": np.mod,
+    "arctan2": np.arctan2,
+    "equal": np.equal,
+    "not_equal": np.not_equal,
+    "less": np.less,
+    "less_equal": np.less_equal,
+    "greater": np.greater,
+    "greater_equal": np.greater_equal,
+    "logical_and": np.logical_and,
+    "logical_or": np.logical_or,
+    "logical_xor": np.logical_xor,
+}
+
+OPS: dict[str, Op] = {name: Op(name, k, rule=name) for name, k in {**UNARY, **BINARY}.items()}
+OPS["where"] = Op("where", np.where, rule="where")
+OPS["clip"] = Op("clip", lambda x, lo, hi: np.clip(x, lo, hi), rule="clip")
+OPS["astype"] = Op("astype", lambda x, dtype: x.astype(dtype), rule="astype")
+
+
+def where(condition, x, y):
+    """``np.where(condition, x, y)`` (the three-argument form)."""
+    return OPS["where"](condition, x, y)
+
+
+def clip(x, a_min=None, a_max=None):
+    """``np.clip(x, a_min, a_max)``; bounds may be scalars or tensors."""
+    return OPS["clip"](x, a_min, a_max)
+
+
+def astype(x, dtype):
+    """``x.astype(dtype)``."""
+    return OPS["astype"](x, dtype=np.dtype(dtype))
+
+
+def _public(name: str):
+    op = OPS[name]
+
+    def f(*args):
+        return op(*args)
+
+    f.__name__ = f.__qualname__ = name
+    f.__doc__ = f"Elementwise ``{name}`` with numpy semantics, on any placements."
+    return f
+
+
+for _name in (*UNARY, *BINARY):
+    globals()[_name] = _public(_name)
+
+__all__ = [*UNARY, *BINARY, "where", "clip", "astype"]

@@ -1,0 +1,55 @@
+"""matmul, dot, einsum, outer: rules are einsum equations (spmd/rules.py).
+
+>>> import numpy as np, disttensor as dt
+>>> mesh = dt.ProcessMesh([0])
+>>> a = dt.shard_tensor(np.eye(2), mesh, [dt.Shard(1)])
+>>> (a @ np.ones((2, 3))).shape
+(2, 3)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..dispatch import Op
+
+
+def _matmul(x, y, trans_x=False, trans_y=False):
+    if trans_x and x.ndim >= 2:
+        x = np.swapaxes(x, -1, -2)
+    if trans_y and y.ndim >= 2:
+        y = np.swapaxes(y, -1, -2)
+    return np.matmul(x, y)
+
+
+_MATMUL = Op("matmul", _matmul, rule="matmul")
+_DOT = Op("dot", np.dot, rule="dot")
+_EINSUM = Op("einsum", lambda *ops, equation: np.einsum(equation, *ops), rule="einsum")
+_OUTER = Op("outer", np.outer, rule="outer")
+
+
+def matmul(x, y, trans_x: bool = False, trans_y: bool = False):
+    """``np.matmul(x, y)``; ``trans_x``/``trans_y`` use the transpose of the last two axes."""
+    if trans_x or trans_y:
+        return _MATMUL(x, y, trans_x=bool(trans_x), trans_y=bool(trans_y))
+    return _MATMUL(x, y)
+
+
+def dot(x, y):
+    """``np.dot(x, y)``."""
+    return _DOT(x, y)
+
+
+def einsum(equation: str, *operands):
+    """``np.einsum(equation, *operands)``; the SPMD rule is derived from the equation."""
+    if not isinstance(equation, str):
+        raise TypeError("einsum: give the equation as a string first, e.g. 'ij,jk->ik'")
+    return _EINSUM(*operands, equation=equation)
+
+
+def outer(x, y):
+    """``np.outer(x, y)``."""
+    return _OUTER(x, y)
+
+
+__all__ = ["dot", "einsum", "matmul", "outer"]

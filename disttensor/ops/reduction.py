@@ -1,0 +1,224 @@
+"""Reductions with numpy's ``axis`` (int, tuple, None) and ``keepdims``.
+
+A reduction over a sharded axis gives a Partial result with no communication (sum: sum, mean:
+avg, max/any: max, min/all: min); prod/argmax/argmin need the axis whole. var, std, logsumexp,
+softmax and log_softmax are written with the primitives, so they work on every placement.
+
+>>> import numpy as np, disttensor as dt
+>>> mesh = dt.ProcessMesh([0])
+>>> x = dt.shard_tensor(np.arange(6.0).reshape(2, 3), mesh, [dt.Shard(1)])
+>>> x.sum(axis=1).to_local(), dt.softmax(x, axis=-1).numpy().sum(axis=-1)
+(array([ 3., 12.]), array([1., 1.]))
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+
+import numpy as np
+
+from ..dispatch import KernelContext, Op
+from .elementwise import OPS as EW
+
+
+def _axes(axis, ndim: int) -> tuple[int, ...]:
+    if axis is None:
+        return tuple(range(ndim))
+    axes = axis if isinstance(axis, tuple) else (axis,)
+    out = []
+    for a in axes:
+        if not -ndim <= a < builtins.max(ndim, 1):
+            raise np.exceptions.AxisError(a, ndim)
+        out.append(a % ndim if ndim else a)
+    return tuple(out)
+
+
+def _split_reduced(ctx: KernelContext, axes) -> int:
+    """Product of the mesh dims that split a reduced axis (each makes the result Partial)."""
+    spec = ctx.inputs[0]
+    return math.prod(
+        spec.mesh.shape[m] for m, p in enumerate(spec.placements) if p.is_shard() and p.dim in axes
+    )
+
+
+def _mean(x, axis=None, keepdims=False, *, ctx: KernelContext):
+    axes = _axes(axis, x.ndim)
+    count = math.prod(ctx.inputs[0].shape[a] for a in axes)
+    acc = np.float64 if x.dtype.kind in "biu" else None
+    total = np.add.reduce(x, axis=axes, dtype=acc, keepdims=keepdims)
+    # Partial(avg) over k ranks: each holds k * (its sum) / count, so their average is the mean
+    # exactly, with uneven shards too.
+    return np.true_divide(total, count / _split_reduced(ctx, axes)) if count else total / count
+
+
+def _extreme(ufunc, fill):
+    def kernel(x, axis=None, keepdims=False, *, ctx: KernelContext):
+        axes = _axes(axis, x.ndim)
+        if _split_reduced(ctx, axes) > 1:  # a shard may be empty: reduce from the identity
+            return ufunc.reduce(x, axis=axes, keepdims=keepdims, initial=fill(x.dtype))
+        return ufunc.reduce(x, axis=axes, keepdims=keepdims)
+
+    return kernel
+
+
+def _lowest(dtype):
+    return False if dtype.kind == "b" else np.iinfo(dtype).min if dtype.kind in "iu" else -np.inf
+
+
+def _highest(dtype):
+    return True if dtype.kind == "b" else np.iinfo(dtype).max if dtype.kind in "iu" else np.inf
+
+
+OPS = {
+    "sum": Op(
+        "sum",
+        lambda x, axis=None, keepdims=False: np.sum(x, axis=axis, keepdims=keepdims),
+        rule="sum",
+    ),
+    "mean": Op("mean", _mean, rule="mean", ctx=True),
+    "max": Op("max", _extreme(np.maximum, _lowest), rule="max", ctx=True),
+    "min": Op("min", _extreme(np.minimum, _highest), rule="min", ctx=True),
+    "prod": Op(
+        "prod",
+        lambda x, axis=None, keepdims=False: np.prod(x, axis=axis, keepdims=keepdims),
+        rule="prod",
+    ),
+    "all": Op(
+        "all",
+        lambda x, axis=None, keepdims=False: np.all(x, axis=axis, keepdims=keepdims),
+        rule="all",
+    ),
+    "any": Op(
+        "any",
+        lambda x, axis=None, keepdims=False: np.any(x, axis=axis, keepdims=keepdims),
+        rule="any",
+    ),
+    "argmax": Op(
+        "argmax",
+        lambda x, axis=None, keepdims=False: np.argmax(x, axis=axis, keepdims=keepdims),
+        rule="argmax",
+    ),
+    "argmin": Op(
+        "argmin",
+        lambda x, axis=None, keepdims=False: np.argmin(x, axis=axis, keepdims=keepdims),
+        rule="argmin",
+    ),
+}
+
+
+def _norm_axis(axis):
+    if isinstance(axis, list):
+        return tuple(axis)
+    return axis
+
+
+def _reduce(name: str, x, axis=None, keepdims=False):
+    attrs = {}
+    axis = _norm_axis(axis)
+    if axis is not None:
+        attrs["axis"] = axis
+    if keepdims:
+        attrs["keepdims"] = True
+    return OPS[name](x, **attrs)
+
+
+def sum(x, axis=None, keepdims=False):
+    """``np.sum``; over a sharded axis the result is Partial(sum), no communication."""
+    return _reduce("sum", x, axis, keepdims)
+
+
+def mean(x, axis=None, keepdims=False):
+    """``np.mean``; over a sharded axis the result is Partial(avg), exact for uneven shards."""
+    return _reduce("mean", x, axis, keepdims)
+
+
+def max(x, axis=None, keepdims=False):
+    """``np.max``; over a sharded axis the result is Partial(max)."""
+    return _reduce("max", x, axis, keepdims)
+
+
+def min(x, axis=None, keepdims=False):
+    """``np.min``; over a sharded axis the result is Partial(min)."""
+    return _reduce("min", x, axis, keepdims)
+
+
+def prod(x, axis=None, keepdims=False):
+    """``np.prod`` (a reduced axis is gathered first)."""
+    return _reduce("prod", x, axis, keepdims)
+
+
+def all(x, axis=None, keepdims=False):
+    """``np.all``; over a sharded axis the result is Partial(min) of bools (logical and)."""
+    return _reduce("all", x, axis, keepdims)
+
+
+def any(x, axis=None, keepdims=False):
+    """``np.any``; over a sharded axis the result is Partial(max) of bools (logical or)."""
+    return _reduce("any", x, axis, keepdims)
+
+
+def argmax(x, axis=None, keepdims=False):
+    """``np.argmax`` (axis None or an int)."""
+    return _reduce("argmax", x, axis, keepdims)
+
+
+def argmin(x, axis=None, keepdims=False):
+    """``np.argmin`` (axis None or an int)."""
+    return _reduce("argmin", x, axis, keepdims)
+
+
+def var(x, axis=None, ddof=0, keepdims=False):
+    """``np.var`` written with primitives (two-pass: mean, then mean of squared deviations)."""
+    axis = _norm_axis(axis)
+    d = EW["subtract"](x, mean(x, axis, keepdims=True))
+    v = mean(EW["multiply"](d, d), axis, keepdims)
+    if ddof:
+        n = math.prod(x.shape[a] for a in _axes(axis, x.ndim))
+        v = EW["multiply"](v, n / (n - ddof))
+    return v
+
+
+def std(x, axis=None, ddof=0, keepdims=False):
+    """``np.std``: the square root of ``var``."""
+    return EW["sqrt"](var(x, axis, ddof, keepdims))
+
+
+def logsumexp(x, axis=None, keepdims=False):
+    """``log(sum(exp(x)))`` computed stably (shifted by the max)."""
+    axis = _norm_axis(axis)
+    m = max(x, axis, keepdims=True)
+    m = EW["where"](EW["isfinite"](m), m, np.zeros((), m.dtype))
+    s = sum(EW["exp"](EW["subtract"](x, m)), axis, keepdims=True)
+    if not keepdims:  # drop the size-1 axes: a max over them is a squeeze, and local
+        s, m = max(s, axis), max(m, axis)
+    return EW["add"](EW["log"](s), m)
+
+
+def softmax(x, axis=-1):
+    """``exp(x) / sum(exp(x))`` along ``axis``, shifted by the max for stability."""
+    e = EW["exp"](EW["subtract"](x, max(x, axis, keepdims=True)))
+    return EW["divide"](e, sum(e, axis, keepdims=True))
+
+
+def log_softmax(x, axis=-1):
+    """``x - logsumexp(x)`` along ``axis``."""
+    return EW["subtract"](x, logsumexp(x, axis, keepdims=True))
+
+
+__all__ = [
+    "all",
+    "any",
+    "argmax",
+    "argmin",
+    "log_softmax",
+    "logsumexp",
+    "max",
+    "mean",
+    "min",
+    "prod",
+    "softmax",
+    "std",
+    "sum",
+    "var",
+]

@@ -1,0 +1,271 @@
+"""TensorSpec, the rule registry, and the einsum-notation core that most rules are built from.
+
+A rule maps input specs (global shape + placements) on a mesh to the placements the inputs must
+have, the placements the outputs get, and the outputs' global shapes. It never communicates.
+
+The einsum core decides each mesh dim independently. It lists candidates (everything
+Replicate; shard one letter: inputs holding it are Shard, the others Replicate, and the output
+is Shard if it keeps the letter else Partial; pass Partial through, as linearity allows), prices
+each by the bytes resharding the inputs would move, and takes the cheapest (ties: the first, so
+all-Replicate inputs stay Replicate).
+
+Note [Partial through ops]
+    An op may keep a Partial input Partial only where that is exact:
+    * "linear" ops (add, subtract, negative, sum, shape ops): f(sum x_i) = sum f(x_i) for all
+      inputs jointly, so all inputs Partial(t) -> Partial(t), t in sum/avg; a Replicate input
+      becomes Partial locally for free (zeros off the first rank).
+    * "multilinear" ops (multiply, matmul, einsum, divide by a Replicate): linear in each input
+      separately, so exactly one input Partial(t), the others Replicate -> Partial(t).
+    * ops may add their own patterns (max of a Partial(max) is Partial(max)).
+    Anything else reshards Partial inputs first.
+
+>>> from disttensor.placement import Shard, Replicate
+>>> rule = einsum("ij,jk->ik")
+>>> out = rule((TensorSpec((8, 4), [Shard(1)]), TensorSpec((4, 6), [Shard(0)])), (2,))
+>>> out.outputs
+((Partial(reduce_type='sum'),),)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..placement import Partial, Placement, Replicate, Shard
+
+_R = Replicate()
+
+
+@dataclass(frozen=True, init=False)
+class TensorSpec:
+    """A tensor's global shape and its placements (one per mesh dim); hashable.
+
+    >>> TensorSpec((4, 6), [Shard(-1)])
+    TensorSpec(shape=(4, 6), placements=(Shard(dim=1),))
+    """
+
+    shape: tuple[int, ...]
+    placements: tuple[Placement, ...]
+
+    def __init__(self, shape: Sequence[int], placements: Sequence[Placement]) -> None:
+        shape = tuple(int(s) for s in shape)
+        n = len(shape)
+        norm = []
+        for p in placements:
+            if not isinstance(p, Placement):
+                raise TypeError(f"TensorSpec placements must be Placements, got {p!r}")
+            if isinstance(p, Shard):
+                if not -n <= p.dim < max(n, 1):
+                    raise ValueError(f"{p!r} is out of range for a tensor with {n} axes")
+                p = Shard(p.dim % n)
+            norm.append(p)
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "placements", tuple(norm))
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+
+@dataclass(frozen=True)
+class RuleResult:
+    """Placements the inputs must have, and the outputs' placements and global shapes."""
+
+    inputs: tuple[tuple[Placement, ...], ...]
+    outputs: tuple[tuple[Placement, ...], ...]
+    shapes: tuple[tuple[int, ...], ...] | None  # None: only known by running the op
+
+
+Rule = Callable[..., RuleResult]
+_RULES: dict[str, Rule] = {}
+
+
+def register(*names: str) -> Callable[[Rule], Rule]:
+    """Decorator: register ``rule`` under each of ``names``."""
+
+    def deco(rule: Rule) -> Rule:
+        for name in names:
+            if name in _RULES:
+                raise ValueError(f"an SPMD rule for {name!r} is already registered")
+            _RULES[name] = rule
+        return rule
+
+    return deco
+
+
+def get_rule(name: str) -> Rule | None:
+    return _RULES.get(name)
+
+
+def registered_ops() -> list[str]:
+    """Names of the ops that have an SPMD rule (the others use the replicate fallback)."""
+    return sorted(_RULES)
+
+
+def replicate_fallback(specs: Sequence[TensorSpec], mesh_shape: tuple[int, ...]) -> RuleResult:
+    """Every input Replicate, one Replicate output of unknown shape."""
+    rep = (_R,) * len(mesh_shape)
+    return RuleResult(tuple(rep for _ in specs), (rep,), None)
+
+
+# -- the einsum core -----------------------------------------------------------------------
+def reshard_cost(cur: Placement, req: Placement, k: int, nbytes: float) -> float:
+    """Bytes per rank a 1-D reshard moves (local copies priced low but not free)."""
+    if cur == req:
+        return 0.0
+    wire = nbytes * (k - 1) / k
+    if req.is_replicate():
+        return 2 * wire if cur.is_partial() else wire
+    if req.is_shard():
+        if cur.is_replicate():
+            return 0.01 * nbytes / k
+        return wire / k if cur.is_shard() else wire
+    # to Partial: local from Replicate, else through Replicate
+    if cur.is_replicate():
+        return 0.001 * nbytes / k
+    return 2 * wire if cur.is_partial() else wire + 0.001 * nbytes / k
+
+
+def _inner_cost(spec: TensorSpec, mesh_shape: tuple[int, ...], m: int):
+    """Extra bytes to change mesh dim m when a later mesh dim also splits the same axis: that
+    split must be gathered first (Note [Nested sharding] in spec.py)."""
+
+    def cost(cur: Placement, req: Placement) -> float:
+        extra = 0.0
+        for p in (cur, req):
+            if isinstance(p, Shard):
+                for j in range(m + 1, len(mesh_shape)):
+                    if spec.placements[j] == p:
+                        extra += math.prod(spec.shape) * (mesh_shape[j] - 1) / mesh_shape[j]
+        return extra
+
+    return cost
+
+
+def _local_bytes(spec: TensorSpec, mesh_shape: tuple[int, ...], m: int) -> float:
+    others = math.prod(
+        n for j, n in enumerate(mesh_shape) if j != m and spec.placements[j].is_shard()
+    )
+    return math.prod(spec.shape) / others
+
+
+def solve(
+    subs: Sequence[str],
+    out: Sequence[str],
+    specs: Sequence[TensorSpec],
+    mesh_shape: tuple[int, ...],
+    *,
+    reduce: str | None = "sum",
+    linearity: str = "multilinear",
+    unshardable: frozenset[str] = frozenset(),
+    partial_patterns: Sequence[tuple[tuple[Placement, ...], Placement]] = (),
+    linear_in: Sequence[int] | None = None,
+) -> tuple[tuple[tuple[Placement, ...], ...], tuple[Placement, ...]]:
+    """Placements per input and of the (single) output for an einsum-like op.
+
+    ``subs[i]`` are input i's letters, ``out`` the output's; ``reduce`` is the Partial type of
+    a sharded letter that the output drops (None: such letters cannot be sharded).
+    ``linearity`` is "linear", "multilinear" (then ``linear_in``: the inputs it is linear in,
+    default all) or "none": Note [Partial through ops].
+    """
+    letters = [c for c in dict.fromkeys("".join(out) + "".join(subs)) if c not in unshardable]
+    per_in: list[list[Placement]] = [[] for _ in specs]
+    per_out: list[Placement] = []
+    for m, k in enumerate(mesh_shape):
+        cur = [s.placements[m] for s in specs]
+        if k == 1:  # any placement holds the same data: keep the inputs, output Replicate
+            for i, p in enumerate(cur):
+                per_in[i].append(p if not p.is_partial() else _R)
+            per_out.append(_R)
+            continue
+        cands: list[tuple[tuple[Placement, ...], Placement]] = [((_R,) * len(specs), _R)]
+        for c in letters:
+            if c not in out and reduce is None:
+                continue
+            req = tuple(Shard(s.index(c)) if c in s else _R for s in subs)
+            if all(r is _R for r in req):
+                continue
+            cands.append((req, Shard(out.index(c)) if c in out else Partial(reduce)))
+        kinds = {p.reduce_type for p in cur if isinstance(p, Partial)}
+        for t in sorted(kinds & {"sum", "avg"}):
+            if linearity == "linear":
+                cands.append(((Partial(t),) * len(specs), Partial(t)))
+            elif linearity == "multilinear":
+                for i in linear_in if linear_in is not None else range(len(specs)):
+                    req = tuple(Partial(t) if j == i else _R for j in range(len(specs)))
+                    cands.append((req, Partial(t)))
+        cands.extend(partial_patterns)
+        sizes = [_local_bytes(s, mesh_shape, m) for s in specs]
+        inner = [_inner_cost(s, mesh_shape, m) for s in specs]
+        best = min(
+            range(len(cands)),
+            key=lambda j: (
+                sum(
+                    reshard_cost(c, r, k, b) + (nest(c, r) if c != r else 0.0)
+                    for c, r, b, nest in zip(cur, cands[j][0], sizes, inner)
+                ),
+                j,
+            ),
+        )
+        req, o = cands[best]
+        for i, r in enumerate(req):
+            per_in[i].append(r)
+        per_out.append(o)
+    return tuple(tuple(p) for p in per_in), tuple(per_out)
+
+
+def parse_equation(equation: str, ndims: Sequence[int]) -> tuple[list[str], str]:
+    """numpy einsum subscripts with '...' expanded to letters not used elsewhere."""
+    eq = equation.replace(" ", "")
+    lhs, _, rhs = eq.partition("->")
+    subs = lhs.split(",")
+    if len(subs) != len(ndims):
+        raise ValueError(f"einsum equation {equation!r} has {len(subs)} operands, got {len(ndims)}")
+    free = [c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ" if c not in eq]
+    nell = max(
+        (n - len(s.replace("...", "")) for s, n in zip(subs, ndims) if "..." in s), default=0
+    )
+    ell = "".join(free[:nell])
+    out_subs = []
+    for s, n in zip(subs, ndims):
+        if "..." in s:
+            k = n - len(s.replace("...", ""))
+            s = s.replace("...", ell[nell - k :])
+        if len(s) != n:
+            raise ValueError(f"einsum operand {s!r} does not match an input with {n} axes")
+        out_subs.append(s)
+    if "->" not in eq:  # numpy's implicit output: letters used once, sorted, after the ellipsis
+        counts: dict[str, int] = {}
+        for s in out_subs:
+            for c in s:
+                counts[c] = counts.get(c, 0) + 1
+        rhs = ell + "".join(sorted(c for c, n in counts.items() if n == 1 and c not in ell))
+    else:
+        rhs = rhs.replace("...", ell)
+    return out_subs, rhs
+
+
+def einsum(equation: str, **options: Any) -> Rule:
+    """A rule from a fixed equation (letters per axis), e.g. ``einsum("mk,kn->mn")``."""
+
+    def rule(specs: Sequence[TensorSpec], mesh_shape: tuple[int, ...], **_: Any) -> RuleResult:
+        subs, out = parse_equation(equation, [s.ndim for s in specs])
+        return einsum_result(subs, out, specs, mesh_shape, **options)
+
+    return rule
+
+
+def einsum_result(subs, out, specs, mesh_shape, **options) -> RuleResult:
+    sizes: dict[str, int] = {}
+    for s, spec in zip(subs, specs):
+        for c, n in zip(s, spec.shape):
+            if sizes.setdefault(c, n) != n:
+                raise ValueError(
+                    f"axis {c!r} has length {sizes[c]} in one operand and {n} in another"
+                )
+    repeated = frozenset(c for s in subs for c in s if s.count(c) > 1)  # diagonals: never split
+    options["unshardable"] = options.get("unshardable", frozenset()) | repeated
+    ins, o = solve(subs, out, specs, mesh_shape, **options)
+    return RuleResult(ins, (o,), (tuple(sizes.get(c, 1) for c in out),))

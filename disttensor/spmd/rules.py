@@ -1,0 +1,264 @@
+"""The SPMD rules of the op set: adding a pointwise op is one line in a table, a
+matmul-family op one equation. See core.py for the engine and Note [Partial through ops].
+
+Every rule takes the tensor inputs' specs, the mesh shape, and ``pos``/``nargs`` (where the
+tensors sit among the op's arguments: Python scalars are arguments too, and they decide
+linearity: ``x + 1`` on a Partial x is not ``sum(x_i + 1)``), plus the op's attributes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..placement import Partial, Replicate
+from .core import TensorSpec, einsum_result, parse_equation, register
+
+# -- pointwise ------------------------------------------------------------------------------
+# linearity: "linear" (jointly in every argument), an int tuple (multilinear: linear in each of
+# those argument positions separately), or None.
+POINTWISE: dict[str, Any] = {
+    # unary
+    "negative": "linear",
+    "positive": "linear",
+    "conjugate": "linear",
+    "real": "linear",
+    "imag": "linear",
+    "abs": None,
+    "exp": None,
+    "expm1": None,
+    "log": None,
+    "log1p": None,
+    "log2": None,
+    "log10": None,
+    "sqrt": None,
+    "rsqrt": None,
+    "square": None,
+    "reciprocal": None,
+    "sign": None,
+    "sin": None,
+    "cos": None,
+    "tan": None,
+    "tanh": None,
+    "arctan": None,
+    "sinh": None,
+    "cosh": None,
+    "sigmoid": None,
+    "relu": None,
+    "gelu": None,
+    "silu": None,
+    "floor": None,
+    "ceil": None,
+    "round": None,
+    "clip": None,
+    "astype": None,
+    "logical_not": None,
+    "isnan": None,
+    "isfinite": None,
+    "isinf": None,
+    # binary and ternary, with broadcasting
+    "add": "linear",
+    "subtract": "linear",
+    "multiply": (0, 1),
+    "divide": (0,),
+    "true_divide": (0,),
+    "power": None,
+    "maximum": None,
+    "minimum": None,
+    "floor_divide": None,
+    "mod": None,
+    "arctan2": None,
+    "equal": None,
+    "not_equal": None,
+    "less": None,
+    "less_equal": None,
+    "greater": None,
+    "greater_equal": None,
+    "logical_and": None,
+    "logical_or": None,
+    "logical_xor": None,
+    "where": (1, 2),  # where(c, x, y) is linear in x and y jointly
+}
+_JOINT = {"where"}
+_LINEAR = {"sum", "avg"}  # multilinear entries that are in fact jointly linear
+
+
+def broadcast_subscripts(shapes: Sequence[tuple[int, ...]]) -> tuple[list[str], str, set[str]]:
+    """Letters for a broadcasting op: shared letters for matching axes, fresh (unshardable)
+    letters for the size-1 axes that broadcast."""
+    try:
+        out_shape = np.broadcast_shapes(*shapes)
+    except ValueError as e:
+        raise ValueError(f"operands could not be broadcast together: {e}") from None
+    nd = len(out_shape)
+    out = "".join(chr(ord("a") + i) for i in range(nd))
+    fresh = iter(chr(ord("A") + i) for i in range(26))
+    subs, broadcast = [], set()
+    for shape in shapes:
+        s = ""
+        for j, n in enumerate(shape):
+            axis = j + nd - len(shape)
+            if n == out_shape[axis]:
+                s += out[axis]
+            else:
+                c = next(fresh)
+                broadcast.add(c)
+                s += c
+        subs.append(s)
+    return subs, out, broadcast
+
+
+def pointwise_rule(name: str):
+    kind = POINTWISE[name]
+
+    def rule(specs, mesh_shape, pos=None, nargs=None, **_):
+        pos = tuple(range(len(specs))) if pos is None else tuple(pos)
+        nargs = len(specs) if nargs is None else nargs
+        subs, out, broadcast = broadcast_subscripts([s.shape for s in specs])
+        options: dict[str, Any] = {"unshardable": frozenset(broadcast), "linearity": "none"}
+        if kind == "linear" and nargs == len(specs):  # a scalar argument breaks joint linearity
+            options["linearity"] = "linear"
+        elif isinstance(kind, tuple):
+            tensors = [i for i, p in enumerate(pos) if p in kind]
+            if name in _JOINT:
+                if len(tensors) == len(kind) and nargs == len(specs):
+                    options["linearity"] = "linear"
+                    # the condition must be Replicate: only x and y may be Partial
+                    if len(specs) == 3:
+                        options["linearity"] = "none"
+                        options["partial_patterns"] = _where_patterns(specs)
+            else:
+                options["linearity"] = "multilinear"
+                options["linear_in"] = tensors
+        return einsum_result(subs, out, specs, mesh_shape, **options)
+
+    return rule
+
+
+def _where_patterns(specs):
+    kinds = {p.reduce_type for s in specs[1:] for p in s.placements if isinstance(p, Partial)}
+
+    return [
+        ((Replicate(), Partial(t), Partial(t)), Partial(t)) for t in sorted(kinds & {"sum", "avg"})
+    ]
+
+
+for _name in POINTWISE:
+    register(_name)(pointwise_rule(_name))
+
+
+# -- matmul family --------------------------------------------------------------------------
+def _matmul_subscripts(nx: int, ny: int, trans_x: bool, trans_y: bool) -> tuple[list[str], str]:
+    """numpy.matmul as einsum: 1-D operands promoted and squeezed, batch dims broadcast."""
+    if nx == 0 or ny == 0:
+        raise ValueError("matmul: operands must have at least one axis (use multiply)")
+    x = "mk" if nx >= 2 else "k"
+    y = "kn" if ny >= 2 else "k"
+    if trans_x and nx >= 2:
+        x = x[::-1]
+    if trans_y and ny >= 2:
+        y = y[::-1]
+    out = ("m" if nx >= 2 else "") + ("n" if ny >= 2 else "")
+    return [x, y], out
+
+
+@register("matmul")
+def matmul_rule(specs, mesh_shape, trans_x=False, trans_y=False, **_):
+    sx, sy = specs
+    core_x, core_y = min(sx.ndim, 2), min(sy.ndim, 2)
+    (x, y), out = _matmul_subscripts(sx.ndim, sy.ndim, trans_x, trans_y)
+    bx, by = sx.shape[: sx.ndim - core_x], sy.shape[: sy.ndim - core_y]
+    bsubs, bout, broadcast = broadcast_subscripts([bx, by])
+    bsubs = [b.replace("m", "M").replace("n", "N").replace("k", "K") for b in bsubs]
+    bout = bout.replace("m", "M").replace("n", "N").replace("k", "K")
+    return einsum_result(
+        [bsubs[0] + x, bsubs[1] + y],
+        bout + out,
+        specs,
+        mesh_shape,
+        unshardable=frozenset(broadcast),
+        linearity="multilinear",
+    )
+
+
+@register("einsum")
+def einsum_rule(specs, mesh_shape, equation: str = "", **_):
+    subs, out = parse_equation(equation, [s.ndim for s in specs])
+    return einsum_result(subs, out, specs, mesh_shape, linearity="multilinear")
+
+
+@register("dot")
+def dot_rule(specs, mesh_shape, **_):
+    sx, sy = specs
+    if sx.ndim == 0 or sy.ndim == 0:
+        return pointwise_rule("multiply")(specs, mesh_shape)
+    if sy.ndim <= 2:
+        return matmul_rule(specs, mesh_shape)
+    # numpy.dot: sum over x's last axis and y's second-to-last
+    x = "".join(chr(ord("a") + i) for i in range(sx.ndim - 1)) + "z"
+    y = "".join(chr(ord("n") + i) for i in range(sy.ndim - 2)) + "z" + "y"
+    return einsum_result([x, y], x[:-1] + y[:-2] + "y", specs, mesh_shape, linearity="multilinear")
+
+
+@register("outer")
+def outer_rule(specs, mesh_shape, **_):
+    return einsum_result(
+        ["i", "j"],
+        "ij",
+        [TensorSpec((int(np.prod(s.shape)),), s.placements) if s.ndim == 1 else s for s in specs],
+        mesh_shape,
+        linearity="multilinear",
+    )
+
+
+# -- reductions ------------------------------------------------------------------------------
+def _reduced(ndim: int, axis, keepdims: bool) -> tuple[str, str, frozenset[str]]:
+    letters = "".join(chr(ord("a") + i) for i in range(ndim))
+    if axis is None:
+        axes = set(range(ndim))
+    else:
+        axes = {a % ndim if ndim else a for a in (axis if isinstance(axis, tuple) else (axis,))}
+    kept = "".join(c for i, c in enumerate(letters) if i not in axes)
+    if keepdims:  # reduced axes stay as new size-1 letters
+        kept = "".join(c if i not in axes else chr(ord("A") + i) for i, c in enumerate(letters))
+    return letters, kept, frozenset(chr(ord("A") + i) for i in axes)
+
+
+# name -> (Partial type of a split reduced axis or None, linearity, extra Partial patterns)
+REDUCTIONS: dict[str, tuple[str | None, str, tuple]] = {
+    "sum": ("sum", "linear", ()),
+    "mean": ("avg", "linear", ()),
+    "max": ("max", "none", ((Partial("max"),), Partial("max"))),
+    "min": ("min", "none", ((Partial("min"),), Partial("min"))),
+    "all": ("min", "none", ((Partial("min"),), Partial("min"))),
+    "any": ("max", "none", ((Partial("max"),), Partial("max"))),
+    "prod": (None, "none", ()),
+    "argmax": (None, "none", ()),
+    "argmin": (None, "none", ()),
+}
+
+
+def reduction_rule(name: str):
+    reduce, linearity, pattern = REDUCTIONS[name]
+
+    def rule(specs, mesh_shape, axis=None, keepdims=False, **_):
+        (spec,) = specs
+        letters, kept, _new = _reduced(spec.ndim, axis, keepdims)
+        patterns = [pattern] if pattern else []
+        return einsum_result(
+            [letters],
+            kept,
+            specs,
+            mesh_shape,
+            reduce=reduce,
+            linearity=linearity,
+            partial_patterns=patterns,
+        )
+
+    return rule
+
+
+for _name in REDUCTIONS:
+    register(_name)(reduction_rule(_name))
