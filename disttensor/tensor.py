@@ -259,6 +259,38 @@ class DistTensor:
     def clip(self, a_min=None, a_max=None):
         return _ops().clip(self, a_min, a_max)
 
+    def reshape(self, *shape):
+        """``x.reshape(2, 3)`` or ``x.reshape((2, 3))``, as in numpy."""
+        return _ops().reshape(self, shape[0] if len(shape) == 1 else shape)
+
+    def transpose(self, *axes):
+        """``x.transpose()``, ``x.transpose(1, 0)`` or ``x.transpose((1, 0))``."""
+        if len(axes) == 1 and (axes[0] is None or isinstance(axes[0], (tuple, list))):
+            axes = axes[0]
+        return _ops().transpose(self, tuple(axes) if axes else None)
+
+    @property
+    def T(self):
+        return _ops().transpose(self)
+
+    def flatten(self):
+        return _ops().flatten(self)
+
+    def ravel(self):
+        return _ops().ravel(self)
+
+    def repeat(self, repeats, axis=None):
+        return _ops().repeat(self, repeats, axis)
+
+    def squeeze(self, axis=None):
+        return _ops().squeeze(self, axis)
+
+    def swapaxes(self, axis1, axis2):
+        return _ops().swapaxes(self, axis1, axis2)
+
+    def __getitem__(self, key):
+        return _ops().getitem(self, key)
+
     # -- Python scalars: collective, like numpy() ---------------------------------------------
     def _scalar(self, kind):
         if self.size != 1:

@@ -6,10 +6,14 @@ from .elementwise import *  # noqa: F403
 from .elementwise import __all__ as _ew
 from .linalg import *  # noqa: F403
 from .linalg import __all__ as _la
+from .nn import *  # noqa: F403
+from .nn import __all__ as _nn
 from .reduction import *  # noqa: F403
 from .reduction import __all__ as _red
+from .shape import *  # noqa: F403
+from .shape import __all__ as _sh
 
-__all__ = [*_ew, *_la, *_red]
+__all__ = [*_ew, *_la, *_red, *_sh, *_nn]
 
 # -- numpy interop: np.exp(x), np.sum(x, axis=0), np.concatenate([a, b]) on DistTensors ---------
 from ..dispatch import fallback as _fallback

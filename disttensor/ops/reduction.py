@@ -19,6 +19,8 @@ import math
 import numpy as np
 
 from ..dispatch import KernelContext, Op
+from ..placement import Replicate
+from ..tensor import DistTensor, reshard
 from .elementwise import OPS as EW
 
 
@@ -34,17 +36,20 @@ def _axes(axis, ndim: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _split_reduced(ctx: KernelContext, axes) -> int:
+def _split_reduced(ctx: KernelContext | None, axes) -> int:
     """Product of the mesh dims that split a reduced axis (each makes the result Partial)."""
+    if ctx is None:  # plain numpy inputs
+        return 1
     spec = ctx.inputs[0]
     return math.prod(
         spec.mesh.shape[m] for m, p in enumerate(spec.placements) if p.is_shard() and p.dim in axes
     )
 
 
-def _mean(x, axis=None, keepdims=False, *, ctx: KernelContext):
+def _mean(x, axis=None, keepdims=False, *, ctx: KernelContext | None):
     axes = _axes(axis, x.ndim)
-    count = math.prod(ctx.inputs[0].shape[a] for a in axes)
+    shape = x.shape if ctx is None else ctx.inputs[0].shape
+    count = math.prod(shape[a] for a in axes)
     acc = np.float64 if x.dtype.kind in "biu" else None
     total = np.add.reduce(x, axis=axes, dtype=acc, keepdims=keepdims)
     # Partial(avg) over k ranks: each holds k * (its sum) / count, so their average is the mean
@@ -53,7 +58,7 @@ def _mean(x, axis=None, keepdims=False, *, ctx: KernelContext):
 
 
 def _extreme(ufunc, fill):
-    def kernel(x, axis=None, keepdims=False, *, ctx: KernelContext):
+    def kernel(x, axis=None, keepdims=False, *, ctx: KernelContext | None):
         axes = _axes(axis, x.ndim)
         if _split_reduced(ctx, axes) > 1:  # a shard may be empty: reduce from the identity
             return ufunc.reduce(x, axis=axes, keepdims=keepdims, initial=fill(x.dtype))
@@ -187,12 +192,19 @@ def std(x, axis=None, ddof=0, keepdims=False):
 def logsumexp(x, axis=None, keepdims=False):
     """``log(sum(exp(x)))`` computed stably (shifted by the max)."""
     axis = _norm_axis(axis)
-    m = max(x, axis, keepdims=True)
+    m = _resolved(max(x, axis, keepdims=True))  # used twice below: reduce its Partial once
     m = EW["where"](EW["isfinite"](m), m, np.zeros((), m.dtype))
     s = sum(EW["exp"](EW["subtract"](x, m)), axis, keepdims=True)
     if not keepdims:  # drop the size-1 axes: a max over them is a squeeze, and local
         s, m = max(s, axis), max(m, axis)
     return EW["add"](EW["log"](s), m)
+
+
+def _resolved(t):
+    """``t`` with Partial mesh dims reduced (one collective each); others kept."""
+    if not isinstance(t, DistTensor) or not t.spec.has_partial():
+        return t
+    return reshard(t, t.mesh, [Replicate() if p.is_partial() else p for p in t.placements])
 
 
 def softmax(x, axis=-1):

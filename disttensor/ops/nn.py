@@ -1,0 +1,211 @@
+"""Neural-network ops: layer_norm, embedding, cross_entropy (rules in spmd/nn_rules.py).
+
+Note [Fused or composite]
+    layer_norm and cross_entropy reduce over some axes (the normalized axes, the class axis).
+    When no mesh dim splits those axes, one fused op runs: a local kernel, no communication,
+    batch axes keep their sharding (Note [Row-wise rules] in spmd/nn_rules.py). When a mesh
+    dim does split them (hidden-sharded activations, vocabulary-parallel logits), the fused
+    op would have to gather the whole tensor first; the composite of dt reductions (mean and
+    variance, max and logsumexp) keeps them split and moves only per-row statistics as small
+    all-reduces of Partial values. So each call takes the route that moves the least.
+
+Lookups with a split table write zeros for the rows (classes) another rank owns and come out
+Partial(sum), with no communication (Megatron's vocabulary-parallel embedding and loss).
+
+>>> import numpy as np, disttensor as dt
+>>> mesh = dt.ProcessMesh([0])
+>>> table = dt.shard_tensor(np.arange(6.0).reshape(3, 2), mesh, [dt.Shard(0)])
+>>> dt.embedding(np.array([2, 0]), table).numpy()
+array([[4., 5.],
+       [0., 1.]])
+>>> logits = dt.shard_tensor(np.zeros((2, 4)), mesh, [dt.Shard(1)])
+>>> dt.cross_entropy(logits, np.array([1, 3])).numpy()  # log(4): four equal classes
+array(1.38629436)
+>>> dt.layer_norm(dt.shard_tensor([[1.0, 3.0]], mesh, [dt.Shard(0)])).numpy()
+array([[-0.999995,  0.999995]])
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..dispatch import KernelContext, Op
+from ..spmd.nn_rules import normalize_axis
+from ..tensor import DistTensor
+from .elementwise import OPS as EW
+from .reduction import logsumexp, mean
+
+_REDUCTIONS = ("mean", "sum", "none")
+
+
+# -- helpers -------------------------------------------------------------------------------
+def _operand(a: Any) -> Any:
+    """DistTensors as they are; anything else as a numpy array (dispatch makes it Replicate)."""
+    return a if isinstance(a, DistTensor) else np.asarray(a)
+
+
+def _splits(x: Any, axes) -> bool:
+    """Whether a mesh dim (of more than one rank) splits one of ``axes`` of ``x``."""
+    if not isinstance(x, DistTensor):
+        return False
+    return any(p.is_shard() and p.dim in axes and n > 1 for p, n in zip(x.placements, x.mesh.shape))
+
+
+def _owned(ctx: KernelContext | None, i: int, axis: int, n: int) -> tuple[int, int]:
+    """(start, length) of the global range of input ``i``'s ``axis`` this rank holds."""
+    if ctx is None:  # plain numpy call: the whole axis
+        return 0, n
+    return ctx.inputs[i].local_box(ctx.coord)[axis]
+
+
+def _check_index(idx: np.ndarray, n: int, what: str) -> np.ndarray:
+    """numpy indexing rules: [-n, n) with negatives from the end; else IndexError (a local
+    check, as numpy's own: with sharded indices only the ranks holding a bad one raise)."""
+    if idx.size and (idx.min() < -n or idx.max() >= n):
+        raise IndexError(f"{what}: an index is out of range for an axis of length {n}")
+    return np.where(idx < 0, idx + n, idx)
+
+
+def _check_integer(a: Any, what: str) -> None:
+    if np.dtype(a.dtype).kind not in "iu":
+        raise TypeError(f"{what} must be an integer tensor of indices, got dtype {a.dtype}")
+
+
+# -- layer_norm ------------------------------------------------------------------------------
+def _layer_norm_kernel(x, weight=None, bias=None, begin_norm_axis=-1, epsilon=1e-5):
+    axes = tuple(range(begin_norm_axis, x.ndim))
+    d = x - x.mean(axis=axes, keepdims=True)
+    y = d / np.sqrt((d * d).mean(axis=axes, keepdims=True) + epsilon)
+    if weight is not None:
+        y = y * weight
+    return y if bias is None else y + bias
+
+
+_LAYER_NORM = Op("layer_norm", _layer_norm_kernel, rule="layer_norm")
+
+
+def layer_norm(x, weight=None, bias=None, begin_norm_axis: int = -1, epsilon: float = 1e-5):
+    """Normalize ``x`` over axes ``[begin_norm_axis, ndim)`` to zero mean and unit variance,
+    then scale by ``weight`` and shift by ``bias`` (both of the normalized shape, optional).
+
+    Normalized axes that are split take the composite route: Note [Fused or composite].
+    """
+    x = _operand(x)
+    if x.ndim == 0:
+        raise ValueError("layer_norm: x must have at least one axis")
+    begin = normalize_axis(begin_norm_axis, x.ndim, "layer_norm: begin_norm_axis")
+    params = {"weight": weight, "bias": bias}
+    for name, p in params.items():
+        if p is not None:
+            params[name] = p = _operand(p)
+            if p.shape != x.shape[begin:]:
+                raise ValueError(
+                    f"layer_norm: {name} must have the normalized shape {x.shape[begin:]} "
+                    f"(x.shape[{begin}:]), got {p.shape}"
+                )
+    weight, bias = params["weight"], params["bias"]
+    axes = tuple(range(begin, x.ndim))
+    if not _splits(x, axes):
+        return _LAYER_NORM(x, weight, bias, begin_norm_axis=begin, epsilon=float(epsilon))
+    # Partial(avg) means of a split axis: only (rows, 1, ...) statistics are all-reduced
+    d = x - mean(x, axes, keepdims=True)
+    y = d * EW["rsqrt"](mean(d * d, axes, keepdims=True) + float(epsilon))
+    if weight is not None:
+        y = y * weight
+    return y if bias is None else y + bias
+
+
+# -- embedding -------------------------------------------------------------------------------
+def _embedding_kernel(ids, weight, *, ctx: KernelContext | None = None):
+    start, n = _owned(ctx, 1, 0, weight.shape[0])
+    vocab = weight.shape[0] if ctx is None else ctx.inputs[1].shape[0]
+    ids = _check_index(ids, vocab, "embedding")
+    out = np.zeros(ids.shape + weight.shape[1:], weight.dtype)
+    mine = (ids >= start) & (ids < start + n)  # rows another rank owns stay zero
+    out[mine] = weight[ids[mine] - start]
+    return out
+
+
+_EMBEDDING = Op("embedding", _embedding_kernel, rule="embedding", ctx=True)
+
+
+def embedding(ids, weight):
+    """Row lookup ``weight[ids]``: integer ``ids`` of any shape, ``weight`` of shape
+    (vocab, dim); the result has shape ``ids.shape + (dim,)``.
+
+    ids split -> the output's leading axes split; weight split by columns -> the last axis
+    split; weight split by rows (vocabulary-parallel) -> Partial(sum). None communicates.
+    Negative ids count from the end, as in numpy; an id out of range raises IndexError on
+    the ranks that hold it.
+    """
+    ids, weight = _operand(ids), _operand(weight)
+    _check_integer(ids, "embedding: ids")
+    if weight.ndim != 2:
+        raise ValueError(f"embedding: weight must be 2-D (vocab, dim), got shape {weight.shape}")
+    return _EMBEDDING(ids, weight)
+
+
+# -- cross_entropy ---------------------------------------------------------------------------
+def _take_labels_kernel(x, labels, axis, *, ctx: KernelContext | None = None):
+    start, n = _owned(ctx, 0, axis, x.shape[axis])
+    classes = x.shape[axis] if ctx is None else ctx.inputs[0].shape[axis]
+    labels = _check_index(labels, classes, "cross_entropy: labels")
+    mine = (labels >= start) & (labels < start + n)  # classes another rank owns give zero
+    if n == 0:
+        return np.zeros(labels.shape, x.dtype)
+    idx = np.expand_dims(np.where(mine, labels - start, 0), axis)
+    picked = np.take_along_axis(x, idx, axis).squeeze(axis)
+    return np.where(mine, picked, np.zeros((), x.dtype))
+
+
+_TAKE_LABELS = Op("take_labels", _take_labels_kernel, rule="take_labels", ctx=True)
+
+
+def _cross_entropy_kernel(logits, labels, axis):
+    """Per-sample ``logsumexp(x) - x[label]`` along ``axis``, shifted by the row max."""
+    x = np.moveaxis(logits, axis, -1).astype(np.result_type(logits, 1.0), copy=False)
+    labels = _check_index(labels, x.shape[-1], "cross_entropy: labels")
+    m = np.max(x, axis=-1, keepdims=True, initial=-np.inf)
+    m = np.where(np.isfinite(m), m, 0)  # all -inf (or no classes): do not shift by inf
+    lse = np.log(np.sum(np.exp(x - m), axis=-1)) + m[..., 0]
+    return lse - np.take_along_axis(x, labels[..., None], -1)[..., 0]
+
+
+_CROSS_ENTROPY = Op("cross_entropy", _cross_entropy_kernel, rule="cross_entropy")
+
+
+def cross_entropy(logits, labels, axis: int = -1, reduction: str = "mean"):
+    """``-log_softmax(logits, axis)`` at the integer class ``labels``, reduced by ``reduction``
+    ("mean", "sum" or "none"). ``labels`` has the logits' shape without ``axis``.
+
+    A split class axis takes the composite route (Note [Fused or composite]): the logsumexp
+    all-reduces per-row max and sum-exp, the owner of each label picks its logit (Partial(sum)),
+    and the logits never move. Labels index like numpy (negatives from the end); one out of
+    range raises IndexError on the ranks that hold it.
+    """
+    logits, labels = _operand(logits), _operand(labels)
+    if reduction not in _REDUCTIONS:
+        raise ValueError(
+            f"cross_entropy: reduction must be one of {_REDUCTIONS}, got {reduction!r}"
+        )
+    if logits.ndim == 0:
+        raise ValueError("cross_entropy: logits must have a class axis")
+    axis = normalize_axis(axis, logits.ndim, "cross_entropy")
+    _check_integer(labels, "cross_entropy: labels")
+    want = logits.shape[:axis] + logits.shape[axis + 1 :]
+    if labels.shape != want:
+        raise ValueError(
+            f"cross_entropy: labels must have the logits' shape without the class axis "
+            f"({want}), got {labels.shape}"
+        )
+    if _splits(logits, (axis,)):
+        loss = logsumexp(logits, axis) - _TAKE_LABELS(logits, labels, axis=axis)
+    else:
+        loss = _CROSS_ENTROPY(logits, labels, axis=axis)
+    # .mean()/.sum() exist on DistTensors and numpy results alike
+    return loss if reduction == "none" else getattr(loss, reduction)()
+
+
+__all__ = ["cross_entropy", "embedding", "layer_norm"]

@@ -1,0 +1,270 @@
+"""Shape ops and basic indexing, with numpy's names and semantics.
+
+They only move elements, so a Shard stays wherever the layout lets each rank compute its
+output shard from its input shard alone, and Partial inputs stay Partial; anything else is
+gathered first (spmd/shape_rules.py: Note [Shape ops move elements], Note [Keeping a shard]).
+Results are views of the local shard where numpy returns views (reshape, transpose, slicing).
+
+>>> import numpy as np, disttensor as dt
+>>> def program():
+...     mesh = dt.ProcessMesh([0, 1])
+...     x = dt.shard_tensor(np.arange(12).reshape(4, 3), mesh, [dt.Shard(0)])
+...     y = dt.reshape(x, (2, 6))  # rows 0-1 and 2-3 stay where they are: no communication
+...     return y.placements, dt.transpose(y).placements, dt.getitem(y, 1).numpy()
+>>> dt.simulate(2, program)[0]
+([Shard(dim=0)], [Shard(dim=1)], array([ 6,  7,  8,  9, 10, 11]))
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import numpy as np
+
+from ..dispatch import KernelContext, Op, fallback
+from ..spec import DistSpec
+from ..spmd.shape_rules import (
+    broadcast_shape,
+    canonical_key,
+    expand_dims_shape,
+    index_layout,
+    reshape_shape,
+    squeeze_shape,
+    within,
+)
+from ..tensor import DistTensor
+
+
+# -- kernels ---------------------------------------------------------------------------------
+def _local(ctx: KernelContext | None, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The output's local shape on this rank (the global shape on plain numpy input)."""
+    if ctx is None:
+        return tuple(shape)
+    spec = ctx.inputs[0]
+    return DistSpec(spec.mesh, ctx.outputs[0], tuple(shape), spec.dtype).local_shape(ctx.coord)
+
+
+def _global_shape(x, ctx: KernelContext | None) -> tuple[int, ...]:
+    return ctx.inputs[0].shape if ctx is not None else np.shape(x)
+
+
+def _relaid(out_shape):
+    """Kernel of an op that is a reshape of the local shard to the output's local shape (the
+    rule only keeps Shards for which that holds). Size-1 axes make it the kernel of squeeze
+    and expand_dims too: a sharded size-1 axis is 0 long off coordinate 0, which
+    np.squeeze would refuse."""
+
+    def kernel(x, *, ctx: KernelContext | None = None, **attrs):
+        return np.reshape(x, _local(ctx, out_shape(_global_shape(x, ctx), **attrs)))
+
+    return kernel
+
+
+def _broadcast_to(x, shape, *, ctx: KernelContext | None = None):
+    out = _local(ctx, broadcast_shape(_global_shape(x, ctx), shape))
+    # a copy, not numpy's read-only view: the result is a value of its own like other outputs
+    return np.array(np.broadcast_to(x, out))
+
+
+def _as_slice(r: range) -> slice:
+    """The slice that picks ``r`` (a negative stop would count from the end)."""
+    return slice(r.start, r.stop if r.stop >= 0 else None, r.step)
+
+
+def _getitem(x, key, *, ctx: KernelContext | None = None):
+    """``x[key]`` for a canonical key, translated to this rank's shard. On an axis the rule
+    left sharded but the key selects from, the rank writes the items it holds into zeros
+    (the output is Partial(sum) there); an int held by another rank gives all zeros."""
+    if ctx is None:
+        return x[tuple(k if k is None or isinstance(k, int) else _as_slice(k) for k in key)]
+    spec = ctx.inputs[0]
+    box = spec.local_box(ctx.coord)
+    out_shape = _local(ctx, index_layout(spec.shape, key)[0])
+    src: list[Any] = []
+    dst: list[slice] = []
+    axis = 0
+    for k in key:
+        if k is None:
+            src.append(None)
+            dst.append(slice(None))
+            continue
+        start, n = box[axis]
+        whole = range(spec.shape[axis])
+        axis += 1
+        if isinstance(k, int):
+            if not start <= k < start + n:
+                return np.zeros(out_shape, x.dtype)
+            src.append(k - start)
+        elif k == whole:  # kept as it is, sharded or not
+            src.append(slice(None))
+            dst.append(slice(None))
+        else:
+            j0, j1 = within(k, start, start + n)
+            part = k[j0:j1]
+            local = range(part.start - start, part.stop - start, part.step)
+            src.append(_as_slice(local) if j1 > j0 else slice(0, 0))
+            dst.append(slice(j0, j1))
+    piece = x[tuple(src)]
+    if piece.shape == out_shape:  # this rank holds all of its output shard
+        return piece
+    out = np.zeros(out_shape, x.dtype)
+    out[tuple(dst)] = piece
+    return out
+
+
+OPS: dict[str, Op] = {
+    "reshape": Op(
+        "reshape", _relaid(lambda s, shape: reshape_shape(s, shape)), rule="reshape", ctx=True
+    ),
+    "expand_dims": Op(
+        "expand_dims",
+        _relaid(lambda s, axis: expand_dims_shape(s, axis)),
+        rule="expand_dims",
+        ctx=True,
+    ),
+    "squeeze": Op(
+        "squeeze", _relaid(lambda s, axis=None: squeeze_shape(s, axis)), rule="squeeze", ctx=True
+    ),
+    "transpose": Op("transpose", lambda x, axes=None: np.transpose(x, axes), rule="transpose"),
+    "swapaxes": Op(
+        "swapaxes", lambda x, axis1, axis2: np.swapaxes(x, axis1, axis2), rule="swapaxes"
+    ),
+    "broadcast_to": Op("broadcast_to", _broadcast_to, rule="broadcast_to", ctx=True),
+    "tile": Op("tile", lambda x, reps: np.tile(x, reps), rule="tile"),
+    "repeat": Op("repeat", lambda x, repeats, axis: np.repeat(x, repeats, axis), rule="repeat"),
+    # array_split: the same pieces as split (the rule checked the division), and the right
+    # number of them from the stand-ins of a rank outside the mesh too
+    "split": Op(
+        "split",
+        lambda x, indices_or_sections, axis: tuple(np.array_split(x, indices_or_sections, axis)),
+        rule="split",
+    ),
+    "concatenate": Op(
+        "concatenate", lambda *xs, axis: np.concatenate(xs, axis), rule="concatenate"
+    ),
+    "stack": Op("stack", lambda *xs, axis: np.stack(xs, axis), rule="stack"),
+    "getitem": Op("getitem", _getitem, rule="getitem", ctx=True),
+}
+
+
+# -- public functions ------------------------------------------------------------------------
+def _ints(v: Any) -> int | tuple[int, ...]:
+    """An int or a tuple of ints (lists and numpy ints normalized: attributes are cache keys)."""
+    if isinstance(v, (int, np.integer)):
+        return operator.index(v)
+    return tuple(operator.index(i) for i in v)
+
+
+def reshape(x, shape):
+    """``np.reshape(x, shape)`` (one ``-1`` allowed); keeps the Shards the layout allows."""
+    return OPS["reshape"](x, shape=_ints(shape))
+
+
+def flatten(x):
+    """``x.flatten()``: ``reshape(x, -1)``."""
+    return reshape(x, (-1,))
+
+
+def ravel(x):
+    """``np.ravel(x)``: ``reshape(x, -1)``."""
+    return reshape(x, (-1,))
+
+
+def transpose(x, axes=None):
+    """``np.transpose(x, axes)``; Shards follow their axes, never any communication."""
+    return OPS["transpose"](x, axes=None if axes is None else _ints(axes))
+
+
+def swapaxes(x, axis1, axis2):
+    """``np.swapaxes(x, axis1, axis2)``; Shards follow their axes, never any communication."""
+    return OPS["swapaxes"](x, axis1=operator.index(axis1), axis2=operator.index(axis2))
+
+
+def expand_dims(x, axis):
+    """``np.expand_dims(x, axis)`` (an int or a tuple); never any communication."""
+    return OPS["expand_dims"](x, axis=_ints(axis))
+
+
+def squeeze(x, axis=None):
+    """``np.squeeze(x, axis)``; a sharded size-1 axis moves to a remaining size-1 axis, or is
+    gathered when none is left."""
+    return OPS["squeeze"](x, axis=None if axis is None else _ints(axis))
+
+
+def broadcast_to(x, shape):
+    """``np.broadcast_to(x, shape)`` as a new array; axes that broadcast are Replicate."""
+    return OPS["broadcast_to"](x, shape=_ints(shape))
+
+
+def tile(x, reps):
+    """``np.tile(x, reps)``; axes repeated more than once are Replicate."""
+    return OPS["tile"](x, reps=_ints(reps))
+
+
+def repeat(x, repeats, axis=None):
+    """``np.repeat(x, repeats, axis)`` (axis None: of the flattened array)."""
+    if axis is None:
+        x, axis = ravel(x), 0
+    return OPS["repeat"](x, repeats=_ints(repeats), axis=operator.index(axis))
+
+
+def split(x, indices_or_sections, axis=0):
+    """``np.split(x, indices_or_sections, axis)``: a list of pieces; the split axis is
+    Replicate, the others keep their placements."""
+    pieces = OPS["split"](
+        x, indices_or_sections=_ints(indices_or_sections), axis=operator.index(axis)
+    )
+    return list(pieces)
+
+
+def _operands(arrays) -> list:
+    return [a if isinstance(a, DistTensor) else np.asarray(a) for a in arrays]
+
+
+def concatenate(arrays, axis=0):
+    """``np.concatenate(arrays, axis)`` (axis None: of the flattened arrays)."""
+    arrays = _operands(arrays)
+    if axis is None:
+        arrays, axis = [ravel(a) for a in arrays], 0
+    return OPS["concatenate"](*arrays, axis=operator.index(axis))
+
+
+def stack(arrays, axis=0):
+    """``np.stack(arrays, axis)``: join along a new axis."""
+    return OPS["stack"](*_operands(arrays), axis=operator.index(axis))
+
+
+def _basic(k: Any) -> bool:
+    if k is None or k is Ellipsis or isinstance(k, slice):
+        return True
+    return isinstance(k, (int, np.integer)) and not isinstance(k, (bool, np.bool_))
+
+
+def getitem(x, key):
+    """``x[key]`` for ints, slices (any step), None and Ellipsis: see the getitem rule in
+    spmd/shape_rules.py for the layout. Integer-array and boolean keys use the replicate
+    fallback."""
+    if not isinstance(x, DistTensor):
+        return np.asarray(x)[key]
+    if not all(_basic(k) for k in (key if isinstance(key, tuple) else (key,))):
+        return fallback("getitem[advanced]", operator.getitem, (x, key), {})
+    return OPS["getitem"](x, key=canonical_key(x.shape, key))
+
+
+__all__ = [
+    "broadcast_to",
+    "concatenate",
+    "expand_dims",
+    "flatten",
+    "getitem",
+    "ravel",
+    "repeat",
+    "reshape",
+    "split",
+    "squeeze",
+    "stack",
+    "swapaxes",
+    "tile",
+    "transpose",
+]

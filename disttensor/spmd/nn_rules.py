@@ -1,0 +1,145 @@
+"""SPMD rules of the nn ops: softmax, log_softmax, layer_norm, cross_entropy, embedding, and
+take_labels (the label pick of a vocabulary-parallel cross entropy). All are einsum-core rules
+(core.py): one letter per tensor axis.
+
+Note [Row-wise rules]
+    softmax, log_softmax, layer_norm and cross_entropy normalize over some axes (the softmax
+    axis, the normalized axes, the class axis). A single local kernel needs those axes whole,
+    so they are unshardable letters (Replicate); the other axes keep their sharding, and Partial
+    inputs are resharded (none of these ops is linear). The rules describe that single fused
+    kernel. dt.softmax is a composite of dt reductions and never needs these axes whole, and
+    dt.layer_norm / dt.cross_entropy run the fused op only when nothing splits them: Note
+    [Fused or composite] in ops/nn.py.
+
+Lookups are linear in the table they read from: embedding (``weight[ids]``) with the weight's
+rows split gives each rank the rows it owns and zeros elsewhere, so the output is Partial(sum)
+(the vocabulary letter is "reduced"); take_labels does the same along the class axis.
+
+>>> from disttensor.placement import Shard, Replicate
+>>> ids, table = TensorSpec((4, 3), [Replicate()]), TensorSpec((50, 8), [Shard(0)])
+>>> embedding_rule((ids, table), (2,)).outputs
+((Partial(reduce_type='sum'),),)
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .core import RuleResult, TensorSpec, einsum_result, get_rule, register
+
+
+def _letters(n: int) -> str:
+    """One lower-case letter per axis (embedding's table axes are the upper-case V and D)."""
+    if n > 26:
+        raise ValueError(f"nn rules support tensors of at most 26 axes, got {n}")
+    return "".join(chr(ord("a") + i) for i in range(n))
+
+
+def normalize_axis(axis: int, ndim: int, what: str) -> int:
+    """``axis`` wrapped into [0, ndim); a TypeError or ValueError that names the op."""
+    try:
+        if isinstance(axis, bool):
+            raise TypeError
+        axis = operator.index(axis)
+    except TypeError:
+        raise TypeError(f"{what}: axis must be an int, got {axis!r}") from None
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"{what}: axis {axis} is out of range for a tensor with {ndim} axes")
+    return axis % ndim
+
+
+def _rowwise(subs, out, specs, mesh_shape, whole: str) -> RuleResult:
+    """Note [Row-wise rules]: the letters in ``whole`` are never split, nothing is linear."""
+    return einsum_result(
+        subs, out, specs, mesh_shape, reduce=None, linearity="none", unshardable=frozenset(whole)
+    )
+
+
+@register("softmax", "log_softmax")
+def softmax_rule(specs: Sequence[TensorSpec], mesh_shape, axis: Any = -1, **_) -> RuleResult:
+    (x,) = specs
+    letters = _letters(x.ndim)
+    if axis is None:
+        axes = range(x.ndim)
+    else:
+        axes = [normalize_axis(a, x.ndim, "softmax") for a in np.atleast_1d(axis).tolist()]
+    return _rowwise([letters], letters, specs, mesh_shape, "".join(letters[a] for a in axes))
+
+
+@register("layer_norm")
+def layer_norm_rule(
+    specs: Sequence[TensorSpec], mesh_shape, begin_norm_axis: int = -1, **_
+) -> RuleResult:
+    """Inputs (x, [weight], [bias]); weight and bias have x's normalized shape."""
+    x = specs[0]
+    begin = normalize_axis(begin_norm_axis, x.ndim, "layer_norm")
+    letters = _letters(x.ndim)
+    for s in specs[1:]:
+        if s.shape != x.shape[begin:]:
+            raise ValueError(
+                f"layer_norm: weight and bias need the normalized shape {x.shape[begin:]}, "
+                f"got {s.shape}"
+            )
+    subs = [letters] + [letters[begin:]] * (len(specs) - 1)
+    return _rowwise(subs, letters, specs, mesh_shape, letters[begin:])
+
+
+def _label_letters(logits: TensorSpec, labels: TensorSpec, axis: int, what: str):
+    """Letters of logits, of labels (logits' without the class axis) and the class letter."""
+    axis = normalize_axis(axis, logits.ndim, what)
+    letters = _letters(logits.ndim)
+    rest = letters[:axis] + letters[axis + 1 :]
+    want = logits.shape[:axis] + logits.shape[axis + 1 :]
+    if labels.shape != want:
+        raise ValueError(
+            f"{what}: labels need the logits' shape without the class axis {axis}, {want}; "
+            f"got {labels.shape}"
+        )
+    return letters, rest, letters[axis]
+
+
+@register("cross_entropy")
+def cross_entropy_rule(
+    specs: Sequence[TensorSpec], mesh_shape, axis: int = -1, reduction: str = "none", **_
+) -> RuleResult:
+    """Inputs (logits, labels) -> the per-sample loss; a ``reduction`` ("mean"/"sum") is then
+    a dt.mean/dt.sum of it, whose rule is chained here so infer_forward shows the whole op."""
+    logits, labels = specs
+    letters, rest, cls = _label_letters(logits, labels, axis, "cross_entropy")
+    res = _rowwise([letters, rest], rest, specs, mesh_shape, cls)
+    if reduction == "none":
+        return res
+    if reduction not in ("mean", "sum"):
+        raise ValueError(
+            f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}"
+        )
+    red = get_rule(reduction)((TensorSpec(res.shapes[0], res.outputs[0]),), mesh_shape)
+    return RuleResult(res.inputs, red.outputs, red.shapes)
+
+
+@register("take_labels")
+def take_labels_rule(specs: Sequence[TensorSpec], mesh_shape, axis: int = -1, **_) -> RuleResult:
+    """``x[..., labels, ...]`` along ``axis`` (labels: x's shape without it). A split class
+    axis gives Partial(sum): each rank picks the labels it owns and writes zeros elsewhere."""
+    x, labels = specs
+    letters, rest, _cls = _label_letters(x, labels, axis, "take_labels")
+    return einsum_result(
+        [letters, rest], rest, specs, mesh_shape, linearity="multilinear", linear_in=[0]
+    )
+
+
+@register("embedding")
+def embedding_rule(specs: Sequence[TensorSpec], mesh_shape, **_) -> RuleResult:
+    """``weight[ids]``: ids' sharding carries to the leading output axes; weight columns split
+    -> the last output axis split; weight rows split (vocabulary-parallel) -> Partial(sum)."""
+    ids, weight = specs
+    if weight.ndim != 2:
+        raise ValueError(f"embedding: weight must be 2-D (vocab, dim), got shape {weight.shape}")
+    a = _letters(ids.ndim)
+    return einsum_result(
+        [a, "VD"], a + "D", specs, mesh_shape, linearity="multilinear", linear_in=[1]
+    )
