@@ -82,7 +82,7 @@ def normalize_placements(placements: Any, mesh: ProcessMesh, ndim: int) -> tuple
     return tuple(out)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class DistSpec:
     """How a global tensor of ``shape``/``dtype`` is laid out over ``mesh``. Hashable, cached on."""
 
@@ -122,6 +122,29 @@ class DistSpec:
                 "use Partial('sum') or cast first"
             )
         return DistSpec(mesh, placements, shape, dtype)
+
+    def __hash__(self) -> int:  # cached: specs key every dispatch and reshard cache
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.mesh, self.placements, self.shape, self.dtype))
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, DistSpec):
+            return NotImplemented
+        return (
+            hash(self) == hash(other)
+            and self.shape == other.shape
+            and self.dtype == other.dtype
+            and self.placements == other.placements
+            and self.mesh == other.mesh
+        )
+
+    def __reduce__(self):  # the cached hash must not travel: string hashes differ per process
+        return (DistSpec, (self.mesh, self.placements, self.shape, self.dtype))
 
     @property
     def ndim(self) -> int:

@@ -135,28 +135,28 @@ class DistTensor:
         return _ops().array_function(func, args, kwargs)
 
     def __add__(self, o):
-        return _ops().add(self, o)
+        return _ew()["add"](self, o)
 
     def __radd__(self, o):
-        return _ops().add(o, self)
+        return _ew()["add"](o, self)
 
     def __sub__(self, o):
-        return _ops().subtract(self, o)
+        return _ew()["subtract"](self, o)
 
     def __rsub__(self, o):
-        return _ops().subtract(o, self)
+        return _ew()["subtract"](o, self)
 
     def __mul__(self, o):
-        return _ops().multiply(self, o)
+        return _ew()["multiply"](self, o)
 
     def __rmul__(self, o):
-        return _ops().multiply(o, self)
+        return _ew()["multiply"](o, self)
 
     def __truediv__(self, o):
-        return _ops().divide(self, o)
+        return _ew()["divide"](self, o)
 
     def __rtruediv__(self, o):
-        return _ops().divide(o, self)
+        return _ew()["divide"](o, self)
 
     def __floordiv__(self, o):
         return _ops().floor_divide(self, o)
@@ -168,10 +168,10 @@ class DistTensor:
         return _ops().mod(self, o)
 
     def __pow__(self, o):
-        return _ops().power(self, o)
+        return _ew()["power"](self, o)
 
     def __rpow__(self, o):
-        return _ops().power(o, self)
+        return _ew()["power"](o, self)
 
     def __matmul__(self, o):
         return _ops().matmul(self, o)
@@ -207,16 +207,16 @@ class DistTensor:
         return _ops().not_equal(self, o)  # type: ignore[override]
 
     def __lt__(self, o):
-        return _ops().less(self, o)
+        return _ew()["less"](self, o)
 
     def __le__(self, o):
-        return _ops().less_equal(self, o)
+        return _ew()["less_equal"](self, o)
 
     def __gt__(self, o):
-        return _ops().greater(self, o)
+        return _ew()["greater"](self, o)
 
     def __ge__(self, o):
-        return _ops().greater_equal(self, o)
+        return _ew()["greater_equal"](self, o)
 
     __hash__ = None  # type: ignore[assignment]  # == is elementwise, as in numpy
 
@@ -317,10 +317,21 @@ class DistTensor:
         return self._scalar(lambda v: v.item())
 
 
-def _ops():
-    from . import ops  # the op set is built on this module, so it is reached lazily
+_OPS = None
 
-    return ops
+
+def _ops():
+    """The op set, which is built on this module and so is reached lazily (once)."""
+    global _OPS
+    if _OPS is None:
+        from . import ops
+
+        _OPS = ops
+    return _OPS
+
+
+def _ew():
+    return _ops().elementwise.OPS  # the Op objects themselves: operators skip the wrappers
 
 
 def _gather_shown(x: DistTensor, idx: tuple[np.ndarray, ...], rank: int) -> np.ndarray:

@@ -52,3 +52,11 @@ def test_reshard_benchmark_runs():
     code, out = run(2, ["bench/reshard.py", "--quick"], timeout=120)
     assert code == 0, out
     assert "S->R" in out, out
+
+
+@pytest.mark.mpi
+def test_dispatch_benchmark_runs():
+    """bench/dispatch.py --quick runs on 2 ranks; no timing is asserted here."""
+    code, out = run(2, ["bench/dispatch.py", "--quick"], timeout=120)
+    assert code == 0, out
+    assert "matmul" in out, out

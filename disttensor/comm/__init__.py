@@ -11,7 +11,12 @@ import threading
 
 from .base import Communicator, Work, add_observer, record, remove_observer
 
-_ctx = threading.local()
+
+class _Context(threading.local):
+    world: Communicator | None = None  # a class default: no AttributeError on the hot path
+
+
+_ctx = _Context()
 _mpi_world: Communicator | None = None
 
 
@@ -21,13 +26,13 @@ def _set_world(comm: Communicator | None) -> None:
 
 def world_size_in_context() -> int | None:
     """The size of a simulated world this thread runs in, else None."""
-    w = getattr(_ctx, "world", None)
+    w = _ctx.world
     return None if w is None else w.size
 
 
 def world() -> Communicator:
     """The communicator of every rank: a simulated one inside dt.simulate, else MPI's."""
-    w = getattr(_ctx, "world", None)
+    w = _ctx.world
     if w is not None:
         return w
     global _mpi_world

@@ -78,7 +78,7 @@ def _highest(dtype):
 OPS = {
     "sum": Op(
         "sum",
-        lambda x, axis=None, keepdims=False: np.sum(x, axis=axis, keepdims=keepdims),
+        lambda x, axis=None, keepdims=False: np.add.reduce(x, axis=axis, keepdims=keepdims),
         rule="sum",
     ),
     "mean": Op("mean", _mean, rule="mean", ctx=True),

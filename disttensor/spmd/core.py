@@ -56,8 +56,8 @@ class TensorSpec:
         for p in placements:
             if not isinstance(p, Placement):
                 raise TypeError(f"TensorSpec placements must be Placements, got {p!r}")
-            if isinstance(p, Shard):
-                if not -n <= p.dim < max(n, 1):
+            if isinstance(p, Shard) and not 0 <= p.dim < n:
+                if not -n <= p.dim < 0:
                     raise ValueError(f"{p!r} is out of range for a tensor with {n} axes")
                 p = Shard(p.dim % n)
             norm.append(p)
@@ -199,16 +199,16 @@ def solve(
         cands.extend(partial_patterns)
         sizes = [_local_bytes(s, mesh_shape, m) for s in specs]
         inner = [_inner_cost(s, mesh_shape, m) for s in specs]
-        best = min(
-            range(len(cands)),
-            key=lambda j: (
-                sum(
-                    reshard_cost(c, r, k, b) + (nest(c, r) if c != r else 0.0)
-                    for c, r, b, nest in zip(cur, cands[j][0], sizes, inner)
-                ),
-                j,
-            ),
-        )
+        best, best_cost = 0, math.inf
+        for j, (req, _o) in enumerate(cands):
+            c = sum(
+                reshard_cost(a, r, k, b) + (nest(a, r) if a != r else 0.0)
+                for a, r, b, nest in zip(cur, req, sizes, inner)
+            )
+            if c < best_cost:  # strict: ties go to the earlier candidate
+                best, best_cost = j, c
+            if c == 0.0:
+                break  # costs are never negative: nothing later can win
         req, o = cands[best]
         for i, r in enumerate(req):
             per_in[i].append(r)

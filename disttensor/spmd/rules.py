@@ -88,10 +88,13 @@ _LINEAR = {"sum", "avg"}  # multilinear entries that are in fact jointly linear
 def broadcast_subscripts(shapes: Sequence[tuple[int, ...]]) -> tuple[list[str], str, set[str]]:
     """Letters for a broadcasting op: shared letters for matching axes, fresh (unshardable)
     letters for the size-1 axes that broadcast."""
-    try:
-        out_shape = np.broadcast_shapes(*shapes)
-    except ValueError as e:
-        raise ValueError(f"operands could not be broadcast together: {e}") from None
+    if all(sh == shapes[0] for sh in shapes):  # the common case, without numpy's machinery
+        out_shape = shapes[0]
+    else:
+        try:
+            out_shape = np.broadcast_shapes(*shapes)
+        except ValueError as e:
+            raise ValueError(f"operands could not be broadcast together: {e}") from None
     nd = len(out_shape)
     out = "".join(chr(ord("a") + i) for i in range(nd))
     fresh = iter(chr(ord("A") + i) for i in range(26))

@@ -1,0 +1,329 @@
+"""Dispatch overhead: what one dt op call costs over the same numpy call on the local arrays.
+
+Run::
+
+    OMP_NUM_THREADS=1 python bench/dispatch.py
+    OMP_NUM_THREADS=1 mpiexec -n 2 python bench/dispatch.py
+    OMP_NUM_THREADS=1 mpiexec -n 2 python bench/dispatch.py --quick   # smoke run, < 1 s
+
+On a 1-D mesh of all N ranks, with 8x8 float32 tensors (tiny, so the kernel is cheap and the
+Python work of the dispatch path shows), it times four ops, none of which communicates
+(five rows):
+
+    add        x + y            x, y Shard(0)  (Replicate when N = 1)  numpy: xl + yl
+    add chain  x_i + y          as add, but x_i is a different tensor each call, made by an
+                                earlier x + y (as in a real program, where an op's inputs are
+                                the outputs of earlier ops: their DistSpecs are new objects,
+                                equal but not identical to the cached ones)
+    matmul     x @ w            x Shard(0), w Replicate                numpy: xl @ wl
+    sum(1)     x.sum(axis=1)    x Shard(0) -> Shard(0)                 numpy: xl.sum(axis=1)
+    sum        x.sum()          x Shard(0) -> Partial (N > 1)          numpy: xl.sum()
+
+where ``xl``, ``yl``, ``wl`` are the local shards (``x.to_local()``), i.e. the numpy code a
+user would write on one rank's data. Two measurements per op:
+
+* **cached**: the op's dispatch decision is in the cache (the steady state of a training loop).
+  timeit-style: a sample is a tight loop of ``--number`` calls, and its per-call time is the
+  loop time / number, taken as the max over ranks (the ranks start each round after a
+  barrier). Each of ``--rounds`` rounds takes one sample of every op's dt and numpy calls,
+  in an order rotated each round, so every op's samples spread over the whole run and a slow
+  spell of the machine hits all alike. Reported: the median over samples; overhead = dt -
+  numpy. Samples are short (100 calls, 0.1 to 3 ms) so that on a shared machine most of them
+  run undisturbed; "best" = fastest dt sample - fastest numpy sample, what an idle machine
+  shows. The garbage collector is off while timing, as in timeit.
+* **uncached**: the first call of the op, with every dispatch-level cache cleared before it
+  (the decision cache ``dispatch._cache`` and every functools cache of the package: spec
+  layout, reshard plans and paths, reshard targets; the script prints the list). Each sample
+  clears, then times one call; median over ``--first-calls`` samples (max over ranks per
+  sample). The mesh, the ops and the input tensors are made once, so this is the cost of
+  deciding (running the SPMD rule) plus the call, not of building meshes. The very first call
+  of each op in the process (imports, Python's own warm-up) is shown too, as one sample.
+
+Goals (issue): cached overhead <= 10 us per op (PyTorch DTensor: 15 to 20 us on this kind of
+machine); an uncached call < 0.2 ms (DTensor: about 2 ms).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib
+import itertools
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from _timing import format_table
+from mpi4py import MPI
+
+import disttensor as dt
+
+_dispatch = importlib.import_module("disttensor.dispatch")  # the module, not a same-named export
+
+SHAPE = (8, 8)
+DTYPE = np.float32
+OPS = ("add", "add chain", "matmul", "sum(1)", "sum")
+CHAIN = 64  # distinct x_i of "add chain", used in turn
+GOAL_CACHED_US = 10.0
+GOAL_UNCACHED_US = 200.0
+
+
+def lru_caches() -> dict[str, Any]:
+    """Every functools cache defined in a disttensor module (spec layout, reshard plans and
+    paths, reshard targets, and whatever later code adds), by name. Meshes keep their own cached
+    coordinates; they are long-lived objects, like the mesh of a real program."""
+    found = {}
+    for modname, mod in sorted(sys.modules.items()):
+        if modname != "disttensor" and not modname.startswith("disttensor."):
+            continue
+        for attr, obj in vars(mod).items():
+            if callable(getattr(obj, "cache_clear", None)) and obj.__module__ == modname:
+                found[f"{modname.removeprefix('disttensor.')}.{attr}"] = obj
+    return found
+
+
+def clear_caches(caches: dict[str, Any]) -> None:
+    """Empty the dispatch decision cache and ``caches`` (from ``lru_caches()``)."""
+    _dispatch._cache.clear()
+    for f in caches.values():
+        f.cache_clear()
+
+
+@dataclass
+class Case:
+    """One op: the dt call, the numpy call on the local shards, and a check of dt's result."""
+
+    dt_fn: Callable[[], Any]
+    np_fn: Callable[[], Any]
+    check: Callable[[], str]  # returns the output placements; raises if the result is wrong
+    first: bool = True  # whether its first call in the process is a first (uncached) call
+
+
+def make_cases(mesh: dt.ProcessMesh, n: int) -> tuple[dict[str, Case], Callable[[], None]]:
+    """The cases, and a function that makes the inputs of "add chain" (call it after timing
+    the first calls: it runs add)."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal(SHAPE).astype(DTYPE)
+    b = rng.standard_normal(SHAPE).astype(DTYPE)
+    elementwise = [dt.Shard(0)] if n > 1 else [dt.Replicate()]
+    x = dt.shard_tensor(a, mesh, elementwise)
+    y = dt.shard_tensor(b, mesh, elementwise)
+    xs = dt.shard_tensor(a, mesh, [dt.Shard(0)])
+    w = dt.shard_tensor(b, mesh, [dt.Replicate()])
+    xl, yl, xsl, wl = x.to_local(), y.to_local(), xs.to_local(), w.to_local()
+    chain: list[dt.DistTensor] = []
+    nexts: list[Callable[[], Any]] = []  # the next x_i, and its local array
+
+    def make_chain() -> None:
+        chain[:] = [x + y for _ in range(CHAIN)]  # each the output of an op, as in a program
+        nexts[:] = [
+            itertools.cycle(chain).__next__,
+            itertools.cycle([t.to_local() for t in chain]).__next__,
+        ]
+
+    def checker(fn, np_fn, want_global) -> Callable[[], str]:
+        def check() -> str:
+            out = fn()
+            if not np.allclose(out.to_local(), np_fn(), rtol=1e-5, atol=1e-5):
+                raise AssertionError(f"rank {dt.get_rank()}: local result differs from numpy's")
+            if not np.allclose(out.numpy(), want_global(), rtol=1e-4, atol=1e-4):
+                raise AssertionError(f"rank {dt.get_rank()}: global result differs from numpy's")
+            return ", ".join(map(repr, out.placements))
+
+        return check
+
+    cases = {
+        "add": Case(
+            lambda: x + y, lambda: xl + yl, checker(lambda: x + y, lambda: xl + yl, lambda: a + b)
+        ),
+        "add chain": Case(
+            lambda: nexts[0]() + y,
+            lambda: nexts[1]() + yl,
+            checker(lambda: chain[0] + y, lambda: chain[0].to_local() + yl, lambda: a + b + b),
+            first=False,
+        ),
+        "matmul": Case(
+            lambda: xs @ w,
+            lambda: xsl @ wl,
+            checker(lambda: xs @ w, lambda: xsl @ wl, lambda: a @ b),
+        ),
+        "sum(1)": Case(
+            lambda: xs.sum(axis=1),
+            lambda: xsl.sum(axis=1),
+            checker(lambda: xs.sum(axis=1), lambda: xsl.sum(axis=1), lambda: a.sum(axis=1)),
+        ),
+        "sum": Case(
+            lambda: xs.sum(),
+            lambda: xsl.sum(),
+            checker(lambda: xs.sum(), lambda: xsl.sum(), lambda: a.sum()),
+        ),
+    }
+    return cases, make_chain
+
+
+def loop_time(fn: Callable[[], Any], number: int) -> float:
+    """Seconds per call of ``fn`` over a tight loop of ``number`` calls (timeit-style)."""
+    rng = range(number)
+    t0 = time.perf_counter()
+    for _ in rng:
+        fn()
+    return (time.perf_counter() - t0) / number
+
+
+def cached_times(
+    comm: MPI.Comm, fns: dict[Any, Callable[[], Any]], number: int, rounds: int
+) -> dict[Any, np.ndarray]:
+    """Per-call seconds, one sample per round and variant, max over ranks of each sample."""
+    names = list(fns)
+    out = {k: np.empty(rounds) for k in names}
+    for r in range(rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        comm.Barrier()
+        for k in order:
+            out[k][r] = loop_time(fns[k], number)
+    for k in names:
+        comm.Allreduce(MPI.IN_PLACE, out[k], op=MPI.MAX)
+    return out
+
+
+def uncached_times(
+    comm: MPI.Comm, fn: Callable[[], Any], samples: int, caches: dict[str, Any]
+) -> np.ndarray:
+    """Seconds of one call after clearing every dispatch cache; max over ranks per sample."""
+    times = np.empty(samples)
+    for i in range(samples):
+        clear_caches(caches)
+        t0 = time.perf_counter()
+        result = fn()
+        times[i] = time.perf_counter() - t0
+        del result
+    comm.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)
+    return times
+
+
+def spread(t: np.ndarray) -> float:
+    q1, q3 = np.percentile(t, [25, 75])
+    return float((q3 - q1) / np.median(t))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--number", type=int, default=100, help="calls per timed loop (100)")
+    p.add_argument("--rounds", type=int, default=400, help="timed loops per variant (400)")
+    p.add_argument("--first-calls", type=int, default=300, help="uncached calls timed per op (300)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: --rounds 20 --first-calls 30 (about a second)",
+    )
+    args = p.parse_args(argv)
+    if args.quick:
+        args.rounds, args.first_calls = 20, 30
+    if min(args.number, args.rounds, args.first_calls) < 1:
+        p.error("--number, --rounds and --first-calls must be >= 1")
+
+    comm = MPI.COMM_WORLD
+    n, rank = comm.Get_size(), comm.Get_rank()
+    mesh = dt.init_mesh((n,))
+    start = time.perf_counter()
+    load_before = os.getloadavg()[0]
+    cases, make_chain = make_cases(mesh, n)
+
+    # The very first call of each op in this process (one sample; caches are empty anyway).
+    first: dict[str, float] = {}
+    for name, case in cases.items():
+        if case.first:
+            comm.Barrier()
+            t0 = time.perf_counter()
+            case.dt_fn()
+            first[name] = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+    make_chain()
+    caches = lru_caches()  # after the first calls: every module the ops use is imported
+    placements = {name: case.check() for name, case in cases.items()}
+
+    gc_was = gc.isenabled()
+    gc.disable()  # as timeit does: a collection landing in one loop is noise, not dispatch
+    try:
+        fns = {}
+        for name, case in cases.items():
+            fns[name, "dt"], fns[name, "np"] = case.dt_fn, case.np_fn
+        for fn in fns.values():  # warm-up: fill the caches, settle the branch predictors
+            loop_time(fn, args.number)
+        # Every op's samples are spread over the whole run (not one op after the other), so
+        # a slow spell of the machine hits every op alike.
+        st = cached_times(comm, fns, args.number, args.rounds)
+        unc = {}
+        for name, case in cases.items():
+            unc[name] = uncached_times(comm, case.dt_fn, args.first_calls, caches)
+            case.dt_fn()  # leave the cache filled
+    finally:
+        if gc_was:
+            gc.enable()
+
+    table: list[list[str]] = []
+    misses_c: list[str] = []
+    misses_b: list[str] = []
+    misses_u: list[str] = []
+    for name in cases:
+        d, m = st[name, "dt"], st[name, "np"]
+        t_dt, t_np = float(np.median(d)) * 1e9, float(np.median(m)) * 1e9
+        over = t_dt - t_np
+        best = (float(d.min()) - float(m.min())) * 1e9
+        t_unc = float(np.median(unc[name])) * 1e9
+        table.append([
+            name, placements[name],
+            f"{t_dt:,.0f}", f"{t_np:,.0f}", f"{over:,.0f}", f"{best:,.0f}",
+            f"{t_dt / t_np:.1f}x", f"{max(spread(d), spread(m)) * 100:.0f}%",
+            f"{t_unc / 1e3:,.1f}", f"{(t_unc - t_dt) / 1e3:,.1f}",
+            f"{spread(unc[name]) * 100:.0f}%",
+            f"{first[name] * 1e6:,.0f}" if name in first else "-",
+        ])  # fmt: skip
+        if over / 1e3 > GOAL_CACHED_US:
+            misses_c.append(f"{name} ({over / 1e3:.1f} us)")
+        if best / 1e3 > GOAL_CACHED_US:
+            misses_b.append(f"{name} ({best / 1e3:.1f} us)")
+        if t_unc / 1e3 >= GOAL_UNCACHED_US:
+            misses_u.append(f"{name} ({t_unc / 1e3:.0f} us)")
+
+    if rank == 0:
+        print(
+            f"disttensor dispatch overhead: {n} rank{'s' if n > 1 else ''}, mesh ({n},), "
+            f"{os.cpu_count()} cores, float32 {SHAPE}; Python {sys.version.split()[0]}, "
+            f"numpy {np.__version__}, {MPI.Get_library_version().splitlines()[0].strip()}"
+        )
+        print(
+            f"cached: median of {args.rounds} loops of {args.number} calls (per-call time, max "
+            f"over ranks); uncached: median of {args.first_calls} calls, each after clearing "
+            "the dispatch caches;\nbest = overhead of the fastest loops (min dt - min numpy: "
+            "what an idle machine would show); IQR relative to the median;\n1st = the first "
+            "call of the op in this process (one sample)"
+        )
+        print(f"caches cleared for an uncached call: dispatch._cache, {', '.join(caches)}\n")
+        headers = ["op", "output", "dt ns", "numpy ns", "overhead ns", "best ns", "dt/np", "IQR",
+                   "uncached us", "decide us", "IQR", "1st us"]  # fmt: skip
+        print(format_table(headers, table))
+        print(
+            f"\ngoal cached overhead <= {GOAL_CACHED_US:.0f} us/op: "
+            + (f"NOT met for {', '.join(misses_c)}" if misses_c else "met")
+        )
+        print(
+            "  (by the best samples: "
+            + (f"NOT met for {', '.join(misses_b)})" if misses_b else "met)")
+        )
+        print(
+            f"goal uncached call < {GOAL_UNCACHED_US / 1e3:.1f} ms: "
+            + (f"NOT met for {', '.join(misses_u)}" if misses_u else "met")
+        )
+        print(
+            f"total {time.perf_counter() - start:.1f} s; 1-min load average "
+            f"{load_before:.1f} at start, {os.getloadavg()[0]:.1f} at end"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
