@@ -206,11 +206,20 @@ def _decide(op: Op, specs, pos, nargs, attrs, mesh):
         rep = (Replicate(),) * mesh.ndim
         targets = tuple(s.replace(placements=rep) for s in specs)
         return targets, None, None, tuple(t != s for s, t in zip(specs, targets)), {}
-    tspecs = tuple(TensorSpec(s.shape, s.placements) for s in specs)
+    # A bool Partial is a logical or/and, not a sum, so no rule may pass it through as one:
+    # rules see such inputs as Replicate, and the reshard below reduces them first.
+    tspecs = tuple(
+        TensorSpec(s.shape, _unpartial(s.placements) if s.dtype == np.bool_ else s.placements)
+        for s in specs
+    )
     res = rule(tspecs, mesh.shape, pos=pos, nargs=nargs, **attrs)
     targets = tuple(s.replace(placements=p) for s, p in zip(specs, res.inputs))
     moves = tuple(t != s for s, t in zip(specs, targets))
     return targets, res.outputs, res.shapes, moves if any(moves) else None, {}
+
+
+def _unpartial(placements: tuple) -> tuple:
+    return tuple(Replicate() if p.is_partial() else p for p in placements)
 
 
 def _probe(op: Op, kargs, pos, attrs, targets, out_placements):

@@ -167,6 +167,18 @@ class DistTensor:
     def __mod__(self, o):
         return _ops().mod(self, o)
 
+    def __rmod__(self, o):
+        return _ops().mod(o, self)
+
+    def __rand__(self, o):
+        return _ops().array_ufunc(np.bitwise_and, "__call__", (o, self), {})
+
+    def __ror__(self, o):
+        return _ops().array_ufunc(np.bitwise_or, "__call__", (o, self), {})
+
+    def __rxor__(self, o):
+        return _ops().array_ufunc(np.bitwise_xor, "__call__", (o, self), {})
+
     def __pow__(self, o):
         return _ew()["power"](self, o)
 

@@ -16,6 +16,8 @@ from .shape import __all__ as _sh
 __all__ = [*_ew, *_la, *_red, *_sh, *_nn]
 
 # -- numpy interop: np.exp(x), np.sum(x, axis=0), np.concatenate([a, b]) on DistTensors ---------
+import numpy as np
+
 from ..dispatch import fallback as _fallback
 from .elementwise import OPS as _EW
 
@@ -38,6 +40,8 @@ def array_ufunc(ufunc, method, inputs, kwargs):
     name = _UFUNC_NAMES.get(ufunc.__name__, ufunc.__name__)
     if method == "__call__" and not kwargs and name in _EW:
         return _EW[name](*inputs)
+    if method == "__call__" and not kwargs and ufunc is np.matmul:
+        return _FUNCS["matmul"](*inputs)
     if method == "reduce" and ufunc.__name__ in _REDUCE and len(inputs) == 1:
         kw = dict(kwargs)
         axis = kw.pop("axis", 0)

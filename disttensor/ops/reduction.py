@@ -180,7 +180,8 @@ def var(x, axis=None, ddof=0, keepdims=False):
     v = mean(EW["multiply"](d, d), axis, keepdims)
     if ddof:
         n = math.prod(x.shape[a] for a in _axes(axis, x.ndim))
-        v = EW["multiply"](v, n / (n - ddof))
+        with np.errstate(divide="ignore"):  # ddof >= n: inf or nan, as numpy gives
+            v = EW["multiply"](v, np.float64(n) / builtins.max(n - ddof, 0))
     return v
 
 

@@ -29,6 +29,7 @@ Note [Partial through ops]
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -50,7 +51,16 @@ class TensorSpec:
     placements: tuple[Placement, ...]
 
     def __init__(self, shape: Sequence[int], placements: Sequence[Placement]) -> None:
-        shape = tuple(int(s) for s in shape)
+        try:
+            shape = tuple(operator.index(s) for s in shape)
+        except TypeError:
+            raise TypeError(f"TensorSpec shape must be a sequence of ints, got {shape!r}") from None
+        if any(s < 0 for s in shape):
+            raise ValueError(f"TensorSpec shape must not be negative, got {shape}")
+        if not isinstance(placements, (list, tuple)):
+            raise TypeError(
+                f"TensorSpec placements must be a list (one per mesh dim), got {placements!r}"
+            )
         n = len(shape)
         norm = []
         for p in placements:
@@ -261,10 +271,26 @@ def einsum_result(subs, out, specs, mesh_shape, **options) -> RuleResult:
     sizes: dict[str, int] = {}
     for s, spec in zip(subs, specs):
         for c, n in zip(s, spec.shape):
-            if sizes.setdefault(c, n) != n:
+            if sizes.setdefault(c, n) != n and 1 not in (sizes[c], n):
                 raise ValueError(
                     f"axis {c!r} has length {sizes[c]} in one operand and {n} in another"
                 )
+            sizes[c] = max(sizes[c], n)
+    # an axis of length 1 against a longer one broadcasts (as numpy allows for '...' axes):
+    # it gets a letter of its own that is never split
+    fresh = (c for c in "αβγδεζηθικλμνξοπρστυφχψω" if c not in "".join(subs) + out)
+    broadcast = set()
+    renamed = []
+    for s, spec in zip(subs, specs):
+        t = ""
+        for c, n in zip(s, spec.shape):
+            if n == 1 and sizes[c] > 1:
+                c = next(fresh)
+                broadcast.add(c)
+            t += c
+        renamed.append(t)
+    subs = renamed
+    options["unshardable"] = options.get("unshardable", frozenset()) | broadcast
     repeated = frozenset(c for s in subs for c in s if s.count(c) > 1)  # diagonals: never split
     options["unshardable"] = options.get("unshardable", frozenset()) | repeated
     ins, o = solve(subs, out, specs, mesh_shape, **options)

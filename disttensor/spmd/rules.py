@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..placement import Partial, Replicate
-from .core import TensorSpec, einsum_result, parse_equation, register
+from .core import RuleResult, einsum_result, parse_equation, register
 
 # -- pointwise ------------------------------------------------------------------------------
 # linearity: "linear" (jointly in every argument), an int tuple (multilinear: linear in each of
@@ -169,6 +169,8 @@ def _matmul_subscripts(nx: int, ny: int, trans_x: bool, trans_y: bool) -> tuple[
 
 @register("matmul")
 def matmul_rule(specs, mesh_shape, trans_x=False, trans_y=False, **_):
+    if len(specs) != 2 or 0 in (specs[0].ndim, specs[1].ndim):
+        raise ValueError("matmul: both operands need at least one axis (for scalars use multiply)")
     sx, sy = specs
     core_x, core_y = min(sx.ndim, 2), min(sy.ndim, 2)
     (x, y), out = _matmul_subscripts(sx.ndim, sy.ndim, trans_x, trans_y)
@@ -207,13 +209,13 @@ def dot_rule(specs, mesh_shape, **_):
 
 @register("outer")
 def outer_rule(specs, mesh_shape, **_):
-    return einsum_result(
-        ["i", "j"],
-        "ij",
-        [TensorSpec((int(np.prod(s.shape)),), s.placements) if s.ndim == 1 else s for s in specs],
-        mesh_shape,
-        linearity="multilinear",
-    )
+    sx, sy = specs
+    if sx.ndim == 1 and sy.ndim == 1:
+        return einsum_result(["i", "j"], "ij", specs, mesh_shape, linearity="multilinear")
+    # numpy flattens N-D inputs, which does not follow any input sharding: replicate them
+    rep = (Replicate(),) * len(mesh_shape)
+    size = (int(np.prod(sx.shape)), int(np.prod(sy.shape)))
+    return RuleResult((rep, rep), (rep,), (size,))
 
 
 # -- reductions ------------------------------------------------------------------------------
@@ -222,7 +224,11 @@ def _reduced(ndim: int, axis, keepdims: bool) -> tuple[str, str, frozenset[str]]
     if axis is None:
         axes = set(range(ndim))
     else:
-        axes = {a % ndim if ndim else a for a in (axis if isinstance(axis, tuple) else (axis,))}
+        axes = set()
+        for a in axis if isinstance(axis, tuple) else (axis,):
+            if not -ndim <= a < max(ndim, 1) or (ndim == 0 and a not in (0, -1)):
+                raise np.exceptions.AxisError(a, ndim)
+            axes.add(a % ndim if ndim else a)
     kept = "".join(c for i, c in enumerate(letters) if i not in axes)
     if keepdims:  # reduced axes stay as new size-1 letters
         kept = "".join(c if i not in axes else chr(ord("A") + i) for i, c in enumerate(letters))
@@ -235,8 +241,9 @@ REDUCTIONS: dict[str, tuple[str | None, str, tuple]] = {
     "mean": ("avg", "linear", ()),
     "max": ("max", "none", ((Partial("max"),), Partial("max"))),
     "min": ("min", "none", ((Partial("min"),), Partial("min"))),
-    "all": ("min", "none", ((Partial("min"),), Partial("min"))),
-    "any": ("max", "none", ((Partial("max"),), Partial("max"))),
+    # all/any: a split reduced axis is exact (bool results); Partial inputs are not (numbers)
+    "all": ("min", "none", ()),
+    "any": ("max", "none", ()),
     "prod": (None, "none", ()),
     "argmax": (None, "none", ()),
     "argmin": (None, "none", ()),
