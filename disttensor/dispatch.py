@@ -49,6 +49,7 @@ class Op:
     kernel: Callable[..., Any]
     rule: str | None = None
     ctx: bool = False  # kernel takes ctx=KernelContext
+    moves_only: bool = False  # only moves elements, so every Partial passes through exactly
 
     def __call__(self, *args: Any, **attrs: Any) -> Any:
         return apply(self, args, attrs)
@@ -206,10 +207,14 @@ def _decide(op: Op, specs, pos, nargs, attrs, mesh):
         rep = (Replicate(),) * mesh.ndim
         targets = tuple(s.replace(placements=rep) for s in specs)
         return targets, None, None, tuple(t != s for s, t in zip(specs, targets)), {}
-    # A bool Partial is a logical or/and, not a sum, so no rule may pass it through as one:
-    # rules see such inputs as Replicate, and the reshard below reduces them first.
+    # A bool Partial is a logical or/and, not a sum, so an op that computes must not pass it
+    # through as one: its rule sees such inputs as Replicate, and the reshard reduces them.
+    # Ops that only move elements keep it (Note [Shape ops move elements]).
     tspecs = tuple(
-        TensorSpec(s.shape, _unpartial(s.placements) if s.dtype == np.bool_ else s.placements)
+        TensorSpec(
+            s.shape,
+            _unpartial(s.placements) if s.dtype == np.bool_ and not op.moves_only else s.placements,
+        )
         for s in specs
     )
     res = rule(tspecs, mesh.shape, pos=pos, nargs=nargs, **attrs)

@@ -18,6 +18,7 @@ Results are views of the local shard where numpy returns views (reshape, transpo
 from __future__ import annotations
 
 import operator
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -146,6 +147,9 @@ OPS: dict[str, Op] = {
     "stack": Op("stack", lambda *xs, axis: np.stack(xs, axis), rule="stack"),
     "getitem": Op("getitem", _getitem, rule="getitem", ctx=True),
 }
+# Every op here only moves elements, so a Partial of any type and dtype passes through exactly
+# (Note [Shape ops move elements]); dispatch then need not resolve bool Partials first.
+OPS = {name: replace(op, moves_only=True) for name, op in OPS.items()}
 
 
 # -- public functions ------------------------------------------------------------------------
