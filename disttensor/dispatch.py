@@ -104,8 +104,11 @@ def apply(op: Op, args: tuple, attrs: dict) -> Any:
         for i, t in zip(pos, tensors):
             kargs[i] = t._local
     else:
-        for i, t, s, move in zip(pos, tensors, targets, moves):
-            kargs[i] = _reshard.execute(t._local, t._spec, s) if move else t._local
+        for i, t, chain in zip(pos, tensors, moves):
+            local, spec = t._local, t._spec
+            for step in chain:  # usually just the target; see _decide for bool Partials
+                local, spec = _reshard.execute(local, spec, step), step
+            kargs[i] = local
     # 4. kernel
     if coord is None:
         result = _probe(op, kargs, pos, attrs, targets, out_placements)
@@ -206,21 +209,38 @@ def _decide(op: Op, specs, pos, nargs, attrs, mesh):
         _note_fallback(op.name)
         rep = (Replicate(),) * mesh.ndim
         targets = tuple(s.replace(placements=rep) for s in specs)
-        return targets, None, None, tuple(t != s for s, t in zip(specs, targets)), {}
+        return targets, None, None, _moves(specs, specs, targets), {}
     # A bool Partial is a logical or/and, not a sum, so an op that computes must not pass it
-    # through as one: its rule sees such inputs as Replicate, and the reshard reduces them.
-    # Ops that only move elements keep it (Note [Shape ops move elements]).
-    tspecs = tuple(
-        TensorSpec(
-            s.shape,
-            _unpartial(s.placements) if s.dtype == np.bool_ and not op.moves_only else s.placements,
-        )
+    # through as one: such an input is reduced first (a reshard to its Partial-free spec), and
+    # its rule sees that. Ops that only move elements keep it (Note [Shape ops move elements]).
+    firsts = tuple(
+        s.replace(placements=_unpartial(s.placements))
+        if s.dtype == np.bool_ and s.has_partial() and not op.moves_only
+        else s
         for s in specs
     )
-    res = rule(tspecs, mesh.shape, pos=pos, nargs=nargs, **attrs)
+    res = rule(
+        tuple(TensorSpec(s.shape, s.placements) for s in firsts),
+        mesh.shape,
+        pos=pos,
+        nargs=nargs,
+        **attrs,
+    )
     targets = tuple(s.replace(placements=p) for s, p in zip(specs, res.inputs))
-    moves = tuple(t != s for s, t in zip(specs, targets))
-    return targets, res.outputs, res.shapes, moves if any(moves) else None, {}
+    return targets, res.outputs, res.shapes, _moves(specs, firsts, targets), {}
+
+
+def _moves(specs, firsts, targets):
+    """Per input, the specs to reshard through (empty: none); None when nothing moves."""
+    chains = []
+    for s, f, t in zip(specs, firsts, targets):
+        chain, cur = [], s
+        for c in (f, t):
+            if c != cur:
+                chain.append(c)
+                cur = c
+        chains.append(tuple(chain))
+    return tuple(chains) if any(chains) else None
 
 
 def _unpartial(placements: tuple) -> tuple:

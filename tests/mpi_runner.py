@@ -10,6 +10,7 @@ import sys
 import time
 
 import numpy as np
+import op_cases
 import spmd_cases as cases
 
 import disttensor as dt
@@ -28,7 +29,8 @@ ARGS = {
 
 def main(names: list[str]) -> None:
     world, rank = dt.get_world_size(), dt.get_rank()
-    chosen = [c for c in cases.ALL if not names or c.__name__ in names]
+    every = cases.ALL + [f for n, f in vars(op_cases).items() if n.startswith("case_")]
+    chosen = [c for c in every if not names or c.__name__ in names]
     for case in chosen:
         t = time.perf_counter()
         out = case(world, **ARGS.get(case.__name__, {}))
