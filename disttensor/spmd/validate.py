@@ -451,6 +451,15 @@ def known_ops() -> list[str]:
 
 
 # -- the rule's decision, on k ranks in this process ----------------------------------------
+def _bool_partial_as_dispatched(g: np.ndarray, p: Placement, k: int) -> list[np.ndarray]:
+    """The only bool Partial locals a computing op's kernel gets: dispatch reduces a bool
+    Partial first (see _seen) and makes it Partial again locally, so Partial(sum) holds the
+    value on the first rank and False elsewhere, and max/min hold it on every rank."""
+    if p.reduce_type in ("sum", "avg"):
+        return [g.copy()] + [np.zeros_like(g) for _ in range(k - 1)]
+    return [g.copy() for _ in range(k)]
+
+
 def run_kernel(op: Any, ex: Example, args: tuple, placements, k: int, seed: Any) -> list:
     """The kernel's local results on k ranks whose inputs hold ``placements``."""
     from ..dispatch import KernelContext
@@ -459,7 +468,11 @@ def run_kernel(op: Any, ex: Example, args: tuple, placements, k: int, seed: Any)
     per_rank = [list(args) for _ in range(k)]
     specs = []
     for j, (i, p) in enumerate(zip(ex.pos, placements)):
-        for r, loc in enumerate(local_values(args[i], p, k, _rng(seed, j, p))):
+        if args[i].dtype == BOOL and p.is_partial():
+            values = _bool_partial_as_dispatched(args[i], p, k)
+        else:
+            values = local_values(args[i], p, k, _rng(seed, j, p))
+        for r, loc in enumerate(values):
             per_rank[r][i] = loc
         specs.append(DistSpec(mesh, (p,), args[i].shape, args[i].dtype))
     out = []
