@@ -56,6 +56,7 @@ class Op:
 
 
 _cache: dict[tuple, tuple] = {}
+_CACHE_LIMIT = 65536
 _NO_ATTRS = ()
 
 
@@ -95,6 +96,8 @@ def apply(op: Op, args: tuple, attrs: dict) -> Any:
     if plan is None:
         plan = _decide(op, specs, tuple(pos), len(args), attrs, mesh)
         if key is not None:
+            if len(_cache) >= _CACHE_LIMIT:  # programs whose shapes keep changing: start over
+                _cache.clear()
             _cache[key] = plan
     targets, out_placements, out_shapes, moves, out_specs = plan
     # 3. reshard (the plan knows which inputs move)
