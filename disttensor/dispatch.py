@@ -174,15 +174,15 @@ def fallback(name: str, func: Callable[..., Any], args: tuple, kwargs: dict) -> 
     results come back Replicate on the operands' mesh. Counted and logged once per name."""
     found: list[DistTensor] = []
 
-    def unwrap(a):
+    def collect(a) -> None:
         if isinstance(a, DistTensor):
             found.append(a)
-            return a
-        if isinstance(a, (list, tuple)):
-            return type(a)(unwrap(b) for b in a)
-        return a
+        elif isinstance(a, (list, tuple)):
+            for b in a:
+                collect(b)
 
-    args, kwargs = unwrap(args), {k: unwrap(v) for k, v in kwargs.items()}
+    collect(args)
+    collect(list(kwargs.values()))
     meshes = {t.mesh for t in found}
     if len(meshes) > 1:
         raise ValueError(f"{name}: operands live on different meshes {sorted(map(repr, meshes))}")

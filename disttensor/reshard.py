@@ -37,6 +37,7 @@ import numpy as np
 from . import comm
 from .placement import Partial, Placement, Replicate, Shard, commutes
 from .spec import DistSpec, contiguous, split_offset, split_sizes
+from .spmd.core import reshard_cost
 
 _R = Replicate()
 
@@ -82,18 +83,12 @@ def _valid(state: tuple[Placement, ...], m: int, q: Placement) -> bool:
 
 
 def _cost(mesh_shape: tuple[int, ...], state: tuple[Placement, ...], m: int, q: Placement) -> float:
-    """Bytes per rank (in units of the whole tensor) a step moves, plus a small per-step price."""
-    k = mesh_shape[m]
+    """Bytes per rank (in units of the whole tensor) a step moves, plus a small per-step price.
+
+    The 1-D price table is the rule engine's (spmd.core.reshard_cost), so rules and plans agree.
+    """
     f = 1.0 / math.prod(n for j, n in enumerate(mesh_shape) if j != m and state[j].is_shard())
-    p = state[m]
-    wire = (k - 1) / k * f
-    if p.is_shard():
-        c = wire if q.is_replicate() else wire / k
-    elif p.is_partial():
-        c = 2 * wire if q.is_replicate() else wire
-    else:
-        c = 0.01 * f / k  # a local copy
-    return c + 1e-4
+    return reshard_cost(state[m], q, mesh_shape[m], f) + 1e-4
 
 
 @lru_cache(maxsize=4096)

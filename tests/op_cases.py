@@ -15,6 +15,7 @@ from functools import partial
 from typing import Any
 
 import numpy as np
+from spmd_cases import make_source
 
 import disttensor as dt
 from disttensor.spmd.validate import DOMAINS, REFS, data, split_partial
@@ -139,18 +140,7 @@ class Grid:
 def make_input(g: np.ndarray, mesh, pls, seed: int = 1) -> dt.DistTensor:
     """spmd_cases.make_source with the validator's splits, whose Partial sums of integer-valued
     floats are exact: comparisons, floor and friends of a Partial input must see the value."""
-    spec = dt.DistSpec.make(mesh, pls, g.shape, g.dtype)
-    coord = mesh.get_coord(dt.get_rank())
-    if coord is None:
-        local = np.empty(spec.local_shape(None), g.dtype)
-        return dt.dtensor_from_local(local, mesh, pls, global_shape=g.shape)
-    v = g
-    for m, p in enumerate(spec.placements):  # outermost first: Note [Partial order]
-        if p.is_partial():
-            rng = np.random.default_rng([seed, m, *coord[:m]])
-            v = split_partial(v, p.reduce_type, mesh.shape[m], rng)[coord[m]]
-    local = v[spec.local_slices(coord)].copy()
-    return dt.dtensor_from_local(local, mesh, pls, global_shape=g.shape)
+    return make_source(g, mesh, pls, seed, split=split_partial)
 
 
 def place(mesh, args, pls, seed: int = 1) -> list:

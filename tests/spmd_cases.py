@@ -82,8 +82,10 @@ def split_partial(v: np.ndarray, op: str, k: int, rng: np.random.Generator) -> l
     return [np.where(owner == i, v, v + sign * noise()).astype(v.dtype) for i in range(k)]
 
 
-def make_source(g: np.ndarray, mesh: dt.ProcessMesh, placements, seed: int = 1) -> dt.DistTensor:
-    """A DistTensor of global value g whose Partial mesh dims hold asymmetric splits."""
+def make_source(
+    g: np.ndarray, mesh: dt.ProcessMesh, placements, seed: int = 1, split=split_partial
+) -> dt.DistTensor:
+    """A DistTensor of global value g whose Partial mesh dims hold asymmetric ``split``s."""
     spec = dt.DistSpec.make(mesh, placements, g.shape, g.dtype)
     coord = mesh.get_coord(dt.get_rank())
     if coord is None:
@@ -94,7 +96,7 @@ def make_source(g: np.ndarray, mesh: dt.ProcessMesh, placements, seed: int = 1) 
     for m, p in enumerate(spec.placements):  # outermost first: Note [Partial order]
         if p.is_partial():
             rng = np.random.default_rng([seed, m, *coord[:m]])
-            v = split_partial(v, p.reduce_type, mesh.shape[m], rng)[coord[m]]
+            v = split(v, p.reduce_type, mesh.shape[m], rng)[coord[m]]
     return dt.dtensor_from_local(
         v[spec.local_slices(coord)].copy(), mesh, placements, global_shape=g.shape
     )

@@ -126,12 +126,9 @@ def pointwise_rule(name: str):
         elif isinstance(kind, tuple):
             tensors = [i for i, p in enumerate(pos) if p in kind]
             if name in _JOINT:
+                # where(c, x, y), all three tensors: x and y may be Partial together, c never
                 if len(tensors) == len(kind) and nargs == len(specs):
-                    options["linearity"] = "linear"
-                    # the condition must be Replicate: only x and y may be Partial
-                    if len(specs) == 3:
-                        options["linearity"] = "none"
-                        options["partial_patterns"] = _where_patterns(specs)
+                    options["partial_patterns"] = _where_patterns(specs)
             else:
                 options["linearity"] = "multilinear"
                 options["linear_in"] = tensors
