@@ -4,6 +4,7 @@ See docs/ for the guide and ../DESIGN.md for the architecture. Importing starts 
 """
 
 from . import spmd
+from .autograd import enable_grad, is_grad_enabled, no_grad
 from .comm import RankAborted, barrier, get_rank, get_world_size, simulate
 from .comm.mpi import install_abort_hook
 from .creation import arange, empty, full, manual_seed, ones, rand, randn, zeros
@@ -33,11 +34,14 @@ __all__ = [
     "barrier",
     "dtensor_from_local",
     "empty",
+    "enable_grad",
     "full",
     "get_rank",
     "get_world_size",
     "init_mesh",
+    "is_grad_enabled",
     "manual_seed",
+    "no_grad",
     "ones",
     "rand",
     "randn",

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from . import comm
+from . import autograd, comm
 from . import reshard as _reshard
 from .placement import Replicate
 from .spec import DistSpec
@@ -119,7 +119,17 @@ def apply(op: Op, args: tuple, attrs: dict) -> Any:
         result = op.kernel(*kargs, ctx=KernelContext(targets, out_placements, coord), **attrs)
     else:
         result = op.kernel(*kargs, **attrs)
-    # 5. wrap
+    # 5. wrap, and record for backward when an input needs a gradient
+    out = _wrap(op, result, mesh, coord, out_placements, out_shapes, out_specs)
+    if autograd._state.enabled:
+        for t in tensors:
+            if t.requires_grad:
+                autograd.record_op(op.name, args, attrs, out)
+                break
+    return out
+
+
+def _wrap(op: Op, result, mesh, coord, out_placements, out_shapes, out_specs):
     if out_shapes is None:  # replicate fallback: every rank ran the whole op
         return _wrap_replicated(result, mesh)
     if coord is not None and not isinstance(result, tuple):  # the common case, cached specs
@@ -203,7 +213,12 @@ def fallback(name: str, func: Callable[..., Any], args: tuple, kwargs: dict) -> 
         return a
 
     result = func(*value(args), **{k: value(v) for k, v in kwargs.items()})
-    return _wrap_replicated(result, mesh)
+    out = _wrap_replicated(result, mesh)
+    if autograd._state.enabled and any(t.requires_grad for t in found):
+        outs = out if isinstance(out, tuple) else (out,)
+        if all(isinstance(o, DistTensor) for o in outs):  # backward says it has no gradient
+            autograd.record_op(f"{name} (replicate fallback)", tuple(found), {}, out)
+    return out
 
 
 def _decide(op: Op, specs, pos, nargs, attrs, mesh):

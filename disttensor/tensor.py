@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from . import comm
+from . import autograd, comm
 from . import reshard as _reshard
 from ._format import format_array, shown_indices
 from .comm.base import reduce_arrays
@@ -33,13 +33,51 @@ from .spec import DistSpec, contiguous
 class DistTensor:
     """A global tensor sharded over a ProcessMesh. Build one with ``dt.shard_tensor``."""
 
-    __slots__ = ("_local", "_spec", "requires_grad", "grad", "__weakref__")
+    __slots__ = ("_hooks", "_local", "_node", "_spec", "grad", "requires_grad", "__weakref__")
 
     def __init__(self, local: np.ndarray, spec: DistSpec, requires_grad: bool = False) -> None:
         self._local = local
         self._spec = spec
         self.requires_grad = requires_grad
         self.grad: DistTensor | None = None
+        self._node = None  # (autograd Node, output index) when an op made this tensor
+        self._hooks = None  # gradient hooks of a leaf
+
+    # -- autograd (autograd.py) ----------------------------------------------------------------
+    def backward(self, grad: Any = None, retain_graph: bool = False) -> None:
+        """Accumulate gradients into ``.grad`` of the leaves this tensor depends on."""
+        autograd.backward(self, grad, retain_graph)
+
+    def detach(self) -> DistTensor:
+        """The same shard and spec, cut from the graph (no gradient flows through it)."""
+        return DistTensor(self._local, self._spec)
+
+    def requires_grad_(self, requires_grad: bool = True) -> DistTensor:
+        """Set ``requires_grad`` in place; returns ``self``."""
+        if requires_grad and self._spec.dtype.kind not in "fc":
+            raise TypeError(
+                f"requires_grad: only floating tensors can have gradients, got {self.dtype}"
+            )
+        self.requires_grad = requires_grad
+        return self
+
+    @property
+    def is_leaf(self) -> bool:
+        """True unless an op recorded for backward made this tensor."""
+        return self._node is None
+
+    @property
+    def grad_fn(self):
+        """The autograd node that made this tensor (None for leaves)."""
+        return None if self._node is None else self._node[0]
+
+    def register_hook(self, fn):
+        """``fn(grad)`` runs when this tensor's gradient is final; see autograd.register_hook."""
+        return autograd.register_hook(self, fn)
+
+    def register_post_accumulate_grad_hook(self, fn):
+        """``fn(tensor)`` runs after backward has updated this leaf's ``.grad``."""
+        return autograd.register_post_accumulate_grad_hook(self, fn)
 
     # -- metadata (global, no communication) ---------------------------------------------------
     @property
@@ -553,7 +591,14 @@ def reshard(x: DistTensor, mesh: ProcessMesh, placements: Sequence[Placement]) -
         dst = DistSpec.make(mesh, placements, x.shape, x.dtype, what="reshard")  # raises
     if dst == x.spec:
         return x
-    return DistTensor(_reshard.execute(x.to_local(), x.spec, dst), dst, x.requires_grad)
+    out = DistTensor(_reshard.execute(x.to_local(), x.spec, dst), dst)
+    if x.requires_grad and autograd._state.enabled:
+        # the gradient goes back to the source placements, Partials read as Replicate
+        # (Note [Partial gradients] in autograd.py)
+        src = x.spec
+        back = [Replicate() if p.is_partial() else p for p in src.placements]
+        autograd.record("reshard", (x,), (out,), lambda gs: (reshard(gs[0], src.mesh, back),))
+    return out
 
 
 @lru_cache(maxsize=4096)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from . import gradients  # noqa: F401  (fills autograd.GRADIENTS)
 from .elementwise import *  # noqa: F403
 from .elementwise import __all__ as _ew
 from .linalg import *  # noqa: F403

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from ..dispatch import KernelContext, Op
+from ..spec import DistSpec
 from ..spmd.nn_rules import normalize_axis
 from ..tensor import DistTensor
 from .elementwise import OPS as EW
@@ -145,6 +146,24 @@ def embedding(ids, weight):
     if weight.ndim != 2:
         raise ValueError(f"embedding: weight must be 2-D (vocab, dim), got shape {weight.shape}")
     return _EMBEDDING(ids, weight)
+
+
+def _embedding_grad_kernel(ids, g, vocab, like=(), *, ctx: KernelContext | None = None):
+    """Rows of ``g`` added into a zero (vocab, dim) table at ``ids``; with the table's rows
+    split, only the rows this rank owns (embedding_grad rule in spmd/nn_rules.py)."""
+    start, n = 0, vocab
+    if ctx is not None:
+        spec = ctx.inputs[1]
+        out = DistSpec(spec.mesh, ctx.outputs[0], (vocab, spec.shape[-1]), spec.dtype)
+        start, n = out.local_box(ctx.coord)[0]
+    ids = _check_index(ids, vocab, "embedding")
+    out_local = np.zeros((n, g.shape[-1]), g.dtype)
+    mine = (ids >= start) & (ids < start + n)
+    np.add.at(out_local, ids[mine] - start, g[mine])
+    return out_local
+
+
+EMBEDDING_GRAD = Op("embedding_grad", _embedding_grad_kernel, rule="embedding_grad", ctx=True)
 
 
 # -- cross_entropy ---------------------------------------------------------------------------

@@ -114,7 +114,32 @@ def _getitem(x, key, *, ctx: KernelContext | None = None):
     return out
 
 
+def _getitem_grad(g, key, shape, *, ctx: KernelContext | None = None):
+    """``g`` written at ``key`` into zeros of ``shape`` (the gradient of getitem). Axes the
+    rule kept sharded were taken whole, so they line up with this rank's shard of ``g``."""
+    out = np.zeros(_local(ctx, shape), g.dtype)
+    idx: list[Any] = []
+    kept: list[int] = []
+    axis = 0
+    for pos, k in enumerate(k for k in key if not isinstance(k, int)):
+        if k is None:
+            continue
+        kept.append(pos)
+    for k in key:
+        if k is None:
+            continue
+        n = shape[axis]
+        axis += 1
+        if isinstance(k, int):
+            idx.append(k)
+        else:
+            idx.append(slice(None) if k == range(n) else _as_slice(k))
+    out[tuple(idx)] = g.reshape([g.shape[i] for i in kept])
+    return out
+
+
 OPS: dict[str, Op] = {
+    "getitem_grad": Op("getitem_grad", _getitem_grad, rule="getitem_grad", ctx=True),
     "reshape": Op(
         "reshape", _relaid(lambda s, shape: reshape_shape(s, shape)), rule="reshape", ctx=True
     ),

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from ..placement import Partial, Placement, Replicate, Shard
 from .core import RuleResult, TensorSpec, einsum_result, get_rule, register
 
 
@@ -143,3 +144,41 @@ def embedding_rule(specs: Sequence[TensorSpec], mesh_shape, **_) -> RuleResult:
     return einsum_result(
         [a, "VD"], a + "D", specs, mesh_shape, linearity="multilinear", linear_in=[1]
     )
+
+
+@register("embedding_grad")
+def embedding_grad_rule(specs: Sequence[TensorSpec], mesh_shape, vocab=0, like=(), **_):
+    """The weight gradient of embedding: rows of ``g`` added into a (vocab, dim) table at
+    ``ids``. Per mesh dim, following the weight's placement ``like``:
+
+    - weight rows split (vocabulary-parallel): ids and g whole, each rank adds only the rows
+      it owns -> Shard(0), no communication;
+    - weight columns split: g split on its last axis -> Shard(1);
+    - otherwise ids split on a batch axis (data parallel): g split the same way, each rank adds
+      its samples -> Partial(sum); a Partial g passes through (the op is linear in g);
+      else everything Replicate.
+    """
+    ids, g = specs
+    n = ids.ndim
+    ins_ids: list[Placement] = []
+    ins_g: list[Placement] = []
+    outs: list[Placement] = []
+    for m, k in enumerate(mesh_shape):
+        pi, pg = ids.placements[m], g.placements[m]
+        want = like[m] if like else Replicate()
+        if k == 1:
+            row = (Replicate(), Replicate(), Replicate())
+        elif want == Shard(0):
+            row = (Replicate(), Replicate(), Shard(0))
+        elif want == Shard(1):
+            row = (Replicate(), Shard(n), Shard(1))
+        elif isinstance(pg, Partial) and pg.reduce_type == "sum":
+            row = (Replicate(), pg, pg)
+        elif isinstance(pi, Shard):
+            row = (pi, Shard(pi.dim), Partial("sum"))
+        else:
+            row = (Replicate(), Replicate(), Replicate())
+        ins_ids.append(row[0])
+        ins_g.append(row[1])
+        outs.append(row[2])
+    return RuleResult((tuple(ins_ids), tuple(ins_g)), (tuple(outs),), ((int(vocab), g.shape[-1]),))

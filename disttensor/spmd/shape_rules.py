@@ -530,3 +530,20 @@ def stack_rule(specs, mesh_shape, axis=0, **_):
     )
     shape = (*specs[0].shape[:axis], len(specs), *specs[0].shape[axis:])
     return RuleResult(ins, (o,), (shape,))
+
+
+@register("getitem_grad")
+def getitem_grad_rule(specs, mesh_shape, key=(), shape=(), **_):
+    """The gradient of getitem: ``g`` (the shape of ``x[key]``) written into zeros of ``x``'s
+    ``shape``. An output axis that was taken whole keeps its Shard (as the input axis it came
+    from); other Shards are Replicated first. It is linear: Partials pass through."""
+    (spec,) = specs
+    _, where = index_layout(shape, key)
+    entries = [k for k in key if k is not None]
+    back = {o: a for a, o in where.items() if entries[a] == range(shape[a])}
+    keep = {
+        m: back[p.dim]
+        for m, p in enumerate(spec.placements)
+        if isinstance(p, Shard) and p.dim in back
+    }
+    return _moved(spec, mesh_shape, keep, [tuple(shape)])

@@ -1,0 +1,545 @@
+"""Gradients of the primitive ops, written with dt ops (so they run through the same rules
+and reshards as the forward pass). Composites (var, std, logsumexp, softmax, log_softmax,
+the sharded layer norm and cross entropy, flatten, ravel, ...) are made of these and need
+no gradient of their own. Each function takes the ``GradContext`` of the call and the
+output's gradient ``g`` and returns one gradient (or None) per argument.
+
+>>> import numpy as np, disttensor as dt
+>>> w = dt.shard_tensor(np.array([[1.0, 2.0], [3.0, 4.0]]), dt.ProcessMesh([0]), [dt.Shard(1)])
+>>> w.requires_grad = True
+>>> (dt.tanh(w @ np.ones(2) / 4)).sum().backward()  # d tanh(u) = 1 - tanh(u)^2
+>>> np.round(w.grad.numpy(), 4)
+array([[0.1491, 0.1491],
+       [0.0285, 0.0285]])
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ..autograd import NOT_DIFFERENTIABLE, GradContext, gradient
+from ..spmd.core import parse_equation
+from ..tensor import DistTensor
+from . import linalg as la
+from . import nn
+from . import reduction as red
+from . import shape as sh
+from .elementwise import OPS as EW
+
+# Outputs of these are constants for autograd: integer or bool results, or a gradient that is
+# zero almost everywhere (treated as no gradient, so nothing flows back through them).
+NOT_DIFFERENTIABLE.update(
+    {
+        "sign", "floor", "ceil", "round", "floor_divide",  # piecewise constant
+        "logical_not", "isnan", "isfinite", "isinf",  # bool results
+        "equal", "not_equal", "less", "less_equal", "greater", "greater_equal",
+        "logical_and", "logical_or", "logical_xor",
+        "argmax", "argmin", "all", "any",
+        "imag",  # real-valued tensors only: its gradient is zero
+    }
+)  # fmt: skip
+
+add, sub, mul, div = EW["add"], EW["subtract"], EW["multiply"], EW["divide"]
+where = EW["where"]
+
+
+def _shape(a: Any) -> tuple[int, ...]:
+    return tuple(np.shape(a)) if not isinstance(a, DistTensor) else a.shape
+
+
+def _sum_to(g, shape: tuple[int, ...]):
+    """``g`` summed over the axes broadcasting added or stretched, to ``shape``."""
+    if g.shape == shape:
+        return g
+    lead = g.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(
+        lead + i for i, n in enumerate(shape) if n == 1 and g.shape[lead + i] != 1
+    )
+    if axes:
+        g = red.sum(g, axes)
+    return sh.reshape(g, shape)
+
+
+def _binary(ctx: GradContext, gx, gy):
+    """Per-argument gradients of a broadcasting op, each summed to its argument's shape."""
+    x, y = ctx.args[:2]
+    return (
+        _sum_to(gx(), _shape(x)) if ctx.needs[0] else None,
+        _sum_to(gy(), _shape(y)) if ctx.needs[1] else None,
+    )
+
+
+# -- elementwise -----------------------------------------------------------------------------
+_LN2, _LN10 = math.log(2.0), math.log(10.0)
+_GELU_C = math.sqrt(2 / math.pi)
+
+_UNARY = {  # d out / d x from (x, out)
+    "exp": lambda x, o: o,
+    "expm1": lambda x, o: o + 1,
+    "log": lambda x, o: 1 / x,
+    "log1p": lambda x, o: 1 / (x + 1),
+    "log2": lambda x, o: 1 / (x * _LN2),
+    "log10": lambda x, o: 1 / (x * _LN10),
+    "sqrt": lambda x, o: 0.5 / o,
+    "rsqrt": lambda x, o: -0.5 * o / x,
+    "square": lambda x, o: 2 * x,
+    "reciprocal": lambda x, o: -(o * o),
+    "sin": lambda x, o: EW["cos"](x),
+    "cos": lambda x, o: -EW["sin"](x),
+    "tan": lambda x, o: o * o + 1,
+    "tanh": lambda x, o: 1 - o * o,
+    "arctan": lambda x, o: 1 / (x * x + 1),
+    "sinh": lambda x, o: EW["cosh"](x),
+    "cosh": lambda x, o: EW["sinh"](x),
+    "sigmoid": lambda x, o: o * (1 - o),
+    "abs": lambda x, o: EW["sign"](x),
+}
+
+
+def _unary(name: str):
+    deriv = _UNARY[name]
+
+    def grad(ctx: GradContext, g):
+        return (mul(g, deriv(ctx.args[0], ctx.out)),)
+
+    return grad
+
+
+for _name in _UNARY:
+    gradient(_name)(_unary(_name))
+
+
+@gradient("negative")
+def _negative(ctx, g):
+    return (-g,)
+
+
+@gradient("positive", "conjugate", "real")
+def _identity(ctx, g):
+    return (g,)
+
+
+@gradient("relu")
+def _relu(ctx, g):
+    return (where(ctx.args[0] > 0, g, 0),)
+
+
+@gradient("gelu")
+def _gelu(ctx, g):
+    """The tanh approximation's derivative: 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3a x^2)."""
+    x = ctx.args[0]
+    t = EW["tanh"](_GELU_C * (x + 0.044715 * x * x * x))
+    return (g * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * _GELU_C * (1 + 0.134145 * x * x)),)
+
+
+@gradient("silu")
+def _silu(ctx, g):
+    s = EW["sigmoid"](ctx.args[0])
+    return (g * (s * (1 + ctx.args[0] * (1 - s))),)
+
+
+@gradient("add")
+def _add(ctx, g):
+    return _binary(ctx, lambda: g, lambda: g)
+
+
+@gradient("subtract")
+def _subtract(ctx, g):
+    return _binary(ctx, lambda: g, lambda: -g)
+
+
+@gradient("multiply")
+def _multiply(ctx, g):
+    x, y = ctx.args[:2]
+    return _binary(ctx, lambda: mul(g, y), lambda: mul(g, x))
+
+
+@gradient("divide", "true_divide")
+def _divide(ctx, g):
+    y = ctx.args[1]
+    return _binary(ctx, lambda: div(g, y), lambda: -div(mul(g, ctx.out), y))
+
+
+@gradient("power")
+def _power(ctx, g):
+    x, y = ctx.args[:2]
+
+    def gx():
+        d = mul(y, EW["power"](x, sub(y, 1)))
+        return where(EW["equal"](y, 0), 0, mul(g, d))  # x**0: no gradient (not 0 * inf)
+
+    def gy():  # out * log(x), defined for x > 0 (0 elsewhere, as PyTorch does for x = 0)
+        safe = where(x > 0, x, 1)
+        return where(x > 0, mul(g, mul(ctx.out, EW["log"](safe))), 0)
+
+    return _binary(ctx, gx, gy)
+
+
+def _extreme_binary(first_wins):
+    """maximum/minimum: the gradient goes to the winner; a tie splits it evenly."""
+
+    def grad(ctx, g):
+        x, y = ctx.args[:2]
+        win, tie = first_wins(x, y), EW["equal"](x, y)
+        half = mul(g, 0.5)
+        return _binary(
+            ctx,
+            lambda: where(win, g, where(tie, half, 0)),
+            lambda: where(win, 0, where(tie, half, g)),
+        )
+
+    return grad
+
+
+gradient("maximum")(_extreme_binary(lambda x, y: EW["greater"](x, y)))
+gradient("minimum")(_extreme_binary(lambda x, y: EW["less"](x, y)))
+
+
+@gradient("mod")
+def _mod(ctx, g):
+    x, y = ctx.args[:2]
+    return _binary(ctx, lambda: g, lambda: -mul(g, EW["floor_divide"](x, y)))
+
+
+@gradient("arctan2")
+def _arctan2(ctx, g):
+    y, x = ctx.args[:2]  # np.arctan2(y, x)
+    r2 = add(mul(x, x), mul(y, y))
+    return _binary(ctx, lambda: div(mul(g, x), r2), lambda: -div(mul(g, y), r2))
+
+
+@gradient("where")
+def _where(ctx, g):
+    c, x, y = ctx.args
+    return (
+        None,
+        _sum_to(where(c, g, 0), _shape(x)) if ctx.needs[1] else None,
+        _sum_to(where(c, 0, g), _shape(y)) if ctx.needs[2] else None,
+    )
+
+
+@gradient("clip")
+def _clip(ctx, g):
+    """clip = minimum(maximum(x, lo), hi): x gets g inside the bounds, a bound where it won."""
+    x, lo, hi = ctx.args
+    inside = EW["logical_and"](
+        True if lo is None else EW["greater_equal"](x, lo),
+        True if hi is None else EW["less_equal"](x, hi),
+    )
+    out = [_sum_to(where(inside, g, 0), x.shape) if ctx.needs[0] else None, None, None]
+    if ctx.needs[1] and lo is not None:
+        below = EW["less"](x, lo) if hi is None else EW["logical_and"](x < lo, lo <= hi)
+        out[1] = _sum_to(where(below, g, 0), _shape(lo))
+    if ctx.needs[2] and hi is not None:
+        above = EW["greater"](x, hi) if lo is None else EW["logical_or"](x > hi, lo > hi)
+        out[2] = _sum_to(where(above, g, 0), _shape(hi))
+    return out
+
+
+@gradient("astype")
+def _astype(ctx, g):
+    return (g.astype(ctx.args[0].dtype),)
+
+
+# -- linalg ----------------------------------------------------------------------------------
+@gradient("matmul")
+def _matmul(ctx, g):
+    x, y = ctx.args
+    tx = ctx.attrs.get("trans_x", False) and len(_shape(x)) >= 2
+    ty = ctx.attrs.get("trans_y", False) and len(_shape(y)) >= 2
+    sx, sy = _shape(x), _shape(y)
+    x2 = sh.expand_dims(x, 0) if len(sx) == 1 else x  # 1-D operands as matrices, as numpy does
+    y2 = sh.expand_dims(y, -1) if len(sy) == 1 else y
+    g2 = sh.expand_dims(g, -2) if len(sx) == 1 else g
+    g2 = sh.expand_dims(g2, -1) if len(sy) == 1 else g2
+    gx = gy = None
+    if ctx.needs[0]:
+        if tx:  # out = x^T y^(T?): dx = (g y'^T)^T
+            gx = la.matmul(y2, g2, trans_x=ty, trans_y=True)
+        else:
+            gx = la.matmul(g2, y2, trans_y=not ty)
+        gx = sh.reshape(_sum_to(gx, _shape(x2)), sx)
+    if ctx.needs[1]:
+        if ty:  # out = x'^(T?) y^T: dy = (x'^T g)^T
+            gy = la.matmul(g2, x2, trans_x=True, trans_y=tx)
+        else:
+            gy = la.matmul(x2, g2, trans_x=not tx)
+        gy = sh.reshape(_sum_to(gy, _shape(y2)), sy)
+    return gx, gy
+
+
+def _einsum_grads(equation: str, args: tuple, needs, g):
+    """Gradients of ``np.einsum(equation, *args)``: operand i's is the einsum of g with the
+    other operands onto i's subscripts; letters only operand i has are broadcast back."""
+    shapes = [_shape(a) for a in args]
+    subs, out = parse_equation(equation, [len(s) for s in shapes])
+    sizes: dict[str, int] = {}
+    for s, shp in zip(subs, shapes):
+        for c, n in zip(s, shp):
+            sizes[c] = max(sizes.get(c, 1), n)
+    grads = []
+    for i, (s, shp) in enumerate(zip(subs, shapes)):
+        if not needs[i]:
+            grads.append(None)
+            continue
+        if len(set(s)) != len(s):
+            raise NotImplementedError(
+                f"einsum {equation!r}: no gradient for an operand with a repeated subscript "
+                "(a diagonal)"
+            )
+        others = [(t, a) for j, (t, a) in enumerate(zip(subs, args)) if j != i]
+        seen = set(out) | {c for t, _ in others for c in t}
+        target = "".join(c for c in s if c in seen)
+        eq = ",".join([out] + [t for t, _ in others]) + "->" + target
+        gi = la.einsum(eq, g, *[a for _, a in others])
+        if target != s:  # letters only this operand has: each item got the same gradient
+            full = tuple(sizes[c] if c in seen else 1 for c in s)
+            gi = sh.broadcast_to(sh.reshape(gi, full), tuple(sizes[c] for c in s))
+        grads.append(_sum_to(gi, shp) if gi.shape != shp else gi)
+    return grads
+
+
+@gradient("einsum")
+def _einsum(ctx, g):
+    return _einsum_grads(ctx.attrs["equation"], ctx.args, ctx.needs, g)
+
+
+@gradient("dot")
+def _dot(ctx, g):
+    x, y = ctx.args
+    nx, ny = len(_shape(x)), len(_shape(y))
+    if nx == 0 or ny == 0:
+        return _multiply(ctx, g)
+    a = "abcdefghijklm"[:nx]
+    b = "nopqrstuvwxyz"[:ny]
+    if ny == 1:  # sum over the last axis of x and the only axis of y
+        b = a[-1]
+        eq = f"{a},{b}->{a[:-1]}"
+    else:  # last axis of x with the second-to-last of y
+        b = b[: ny - 2] + a[-1] + b[ny - 1 :]
+        eq = f"{a},{b}->{a[:-1]}{b[: ny - 2]}{b[-1]}"
+    return _einsum_grads(eq, ctx.args, ctx.needs, g)
+
+
+@gradient("outer")
+def _outer(ctx, g):
+    x, y = ctx.args
+    fx, fy = sh.ravel(x), sh.ravel(y)
+    return (
+        sh.reshape(la.matmul(g, fy), _shape(x)) if ctx.needs[0] else None,
+        sh.reshape(la.matmul(fx, g), _shape(y)) if ctx.needs[1] else None,
+    )
+
+
+# -- reductions ------------------------------------------------------------------------------
+def _reduced(ctx) -> tuple[int, ...]:
+    return red._axes(ctx.attrs.get("axis"), ctx.args[0].ndim)
+
+
+def _spread(ctx, g):
+    """``g`` (of the reduction's output) broadcast back to the input's shape."""
+    x = ctx.args[0]
+    axes = _reduced(ctx)
+    if not ctx.attrs.get("keepdims", False):
+        g = sh.reshape(g, tuple(1 if a in axes else n for a, n in enumerate(x.shape)))
+    return sh.broadcast_to(g, x.shape)
+
+
+@gradient("sum")
+def _sum(ctx, g):
+    return (_spread(ctx, g),)
+
+
+@gradient("mean")
+def _mean(ctx, g):
+    count = math.prod(ctx.args[0].shape[a] for a in _reduced(ctx))
+    return (_spread(ctx, mul(g, 1.0 / count) if count else g),)
+
+
+def _extreme(ctx, g):
+    """max/min: the gradient is shared evenly by the items equal to the result."""
+    x = ctx.args[0]
+    hit = EW["equal"](x, _spread(ctx, ctx.out))
+    count = red.sum(hit.astype(x.dtype), _reduced(ctx), keepdims=True)
+    return (where(hit, div(_spread(ctx, g), count), 0),)
+
+
+gradient("max", "min")(_extreme)
+
+
+@gradient("prod")
+def _prod(ctx, g):
+    """Product of the other items, exact with zeros: one zero gets the product of the rest,
+    two or more make every gradient zero."""
+    x = ctx.args[0]
+    axes = _reduced(ctx)
+    zero = EW["equal"](x, 0)
+    nonzero = where(zero, 1, x)
+    rest = red.prod(nonzero, axes, keepdims=True)
+    zeros = red.sum(zero.astype(np.int64), axes, keepdims=True)
+    gs = _spread(ctx, g)
+    grad = where(
+        EW["equal"](zeros, 0),
+        div(mul(gs, rest), nonzero),
+        where(EW["logical_and"](EW["equal"](zeros, 1), zero), mul(gs, rest), 0),
+    )
+    return (grad,)
+
+
+# -- shape ops -------------------------------------------------------------------------------
+@gradient("reshape", "expand_dims", "squeeze")
+def _reshape_back(ctx, g):
+    return (sh.reshape(g, ctx.args[0].shape),)
+
+
+@gradient("transpose")
+def _transpose(ctx, g):
+    axes = ctx.attrs.get("axes")
+    if axes is None:
+        return (sh.transpose(g),)
+    nd = ctx.args[0].ndim
+    return (sh.transpose(g, tuple(int(i) for i in np.argsort([a % nd for a in axes]))),)
+
+
+@gradient("swapaxes")
+def _swapaxes(ctx, g):
+    return (sh.swapaxes(g, ctx.attrs["axis1"], ctx.attrs["axis2"]),)
+
+
+@gradient("broadcast_to")
+def _broadcast_to(ctx, g):
+    return (_sum_to(g, ctx.args[0].shape),)
+
+
+@gradient("tile")
+def _tile(ctx, g):
+    x = ctx.args[0]
+    reps = ctx.attrs["reps"]
+    reps = (reps,) if isinstance(reps, int) else tuple(reps)
+    d = max(x.ndim, len(reps))
+    shp = (1,) * (d - x.ndim) + x.shape
+    reps = (1,) * (d - len(reps)) + reps
+    inter = tuple(v for r, n in zip(reps, shp) for v in (r, n))
+    g = red.sum(sh.reshape(g, inter), tuple(range(0, 2 * d, 2)))
+    return (sh.reshape(g, x.shape),)
+
+
+@gradient("repeat")
+def _repeat(ctx, g):
+    x = ctx.args[0]
+    axis, repeats = ctx.attrs["axis"] % x.ndim, ctx.attrs["repeats"]
+    n = x.shape[axis]
+    if isinstance(repeats, tuple) and len(repeats) == 1:
+        repeats = repeats[0]
+    if isinstance(repeats, int):  # each item's copies are consecutive
+        split = x.shape[:axis] + (n, repeats) + x.shape[axis + 1 :]
+        return (red.sum(sh.reshape(g, split), axis + 1),)
+    owner = np.repeat(np.arange(n), repeats)  # output position -> input item
+    onehot = (owner[:, None] == np.arange(n)[None, :]).astype(g.dtype)
+    letters = "abcdefghijklmnopqrstuvwx"[: x.ndim]
+    src = letters[:axis] + "y" + letters[axis + 1 :]
+    return (la.einsum(f"{src},yz->{letters[:axis]}z{letters[axis + 1 :]}", g, onehot),)
+
+
+@gradient("split")
+def _split(ctx, gs):
+    return (sh.concatenate(list(gs), ctx.attrs["axis"]),)
+
+
+@gradient("concatenate")
+def _concatenate(ctx, g):
+    axis = ctx.attrs["axis"] % g.ndim
+    out, start = [], 0
+    for a, need in zip(ctx.args, ctx.needs):
+        n = _shape(a)[axis]
+        key = (slice(None),) * axis + (slice(start, start + n),)
+        out.append(sh.getitem(g, key) if need else None)
+        start += n
+    return out
+
+
+@gradient("stack")
+def _stack(ctx, g):
+    axis = ctx.attrs["axis"] % g.ndim
+    lead = (slice(None),) * axis
+    return [sh.getitem(g, (*lead, i)) if need else None for i, need in enumerate(ctx.needs)]
+
+
+@gradient("getitem")
+def _getitem(ctx, g):
+    x = ctx.args[0]
+    return (sh.OPS["getitem_grad"](g, key=ctx.attrs["key"], shape=x.shape),)
+
+
+@gradient("getitem_grad")
+def _getitem_grad(ctx, g):  # linear: the gradient of a scatter is the gather
+    return (sh.OPS["getitem"](g, key=ctx.attrs["key"]),)
+
+
+# -- nn --------------------------------------------------------------------------------------
+def _sum_over(g, axes):
+    return red.sum(g, axes) if axes else g
+
+
+@gradient("layer_norm")
+def _layer_norm(ctx, g):
+    """The fused op's gradient (its normalized axes are whole, so their means are local)."""
+    x, w, b = ctx.args
+    begin, eps = ctx.attrs.get("begin_norm_axis", -1), ctx.attrs.get("epsilon", 1e-5)
+    axes = tuple(range(begin % x.ndim, x.ndim))
+    batch = tuple(range(begin % x.ndim))
+    d = sub(x, red.mean(x, axes, keepdims=True))
+    rstd = EW["rsqrt"](add(red.mean(mul(d, d), axes, keepdims=True), eps))
+    xhat = mul(d, rstd)
+    gy = g if w is None else mul(g, w)
+    gx = None
+    if ctx.needs[0]:
+        proj = red.mean(mul(gy, xhat), axes, keepdims=True)
+        inner = add(red.mean(gy, axes, keepdims=True), mul(xhat, proj))
+        gx = mul(rstd, sub(gy, inner))
+    gw = _sum_over(mul(g, xhat), batch) if w is not None and ctx.needs[1] else None
+    gb = _sum_over(g, batch) if b is not None and ctx.needs[2] else None
+    return gx, gw, gb
+
+
+@gradient("embedding")
+def _embedding(ctx, g):
+    ids, w = ctx.args
+    if not ctx.needs[1]:
+        return None, None
+    like = tuple(w.placements) if isinstance(w, DistTensor) else ()
+    return None, nn.EMBEDDING_GRAD(ids, g, vocab=w.shape[0], like=like)
+
+
+@gradient("embedding_grad")
+def _embedding_grad(ctx, g):  # linear in its rows: the gradient of a scatter-add is a lookup
+    ids = ctx.args[0]
+    return None, nn.embedding(ids, g)
+
+
+def _onehot(labels, axis: int, classes: int, ndim: int):
+    """Bool tensor, True at each label along ``axis`` (labels broadcast along it)."""
+    labels = where(EW["less"](labels, 0), add(labels, classes), labels)
+    shape = [1] * ndim
+    shape[axis] = classes
+    return EW["equal"](sh.expand_dims(labels, axis), np.arange(classes).reshape(shape))
+
+
+@gradient("cross_entropy")
+def _cross_entropy(ctx, g):
+    logits, labels = ctx.args
+    axis = ctx.attrs["axis"]
+    p = red.softmax(logits, axis)
+    hot = _onehot(labels, axis, logits.shape[axis], logits.ndim)
+    return mul(sub(p, hot.astype(p.dtype)), sh.expand_dims(g, axis)), None
+
+
+@gradient("take_labels")
+def _take_labels(ctx, g):
+    x, labels = ctx.args
+    axis = ctx.attrs["axis"]
+    hot = _onehot(labels, axis, x.shape[axis], x.ndim)
+    return where(hot, sh.expand_dims(g, axis), 0), None
