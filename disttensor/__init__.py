@@ -3,13 +3,14 @@
 See docs/ for the guide and ../DESIGN.md for the architecture. Importing starts no MPI work.
 """
 
-from . import spmd
+from . import nn, optim, spmd
 from .autograd import enable_grad, is_grad_enabled, no_grad
 from .comm import RankAborted, barrier, get_rank, get_world_size, simulate
 from .comm.mpi import install_abort_hook
 from .creation import arange, empty, full, manual_seed, ones, rand, randn, zeros
 from .debug import CommCounter
 from .mesh import ProcessMesh, init_mesh
+from .nn.sharding import shard_layer
 from .ops import *  # noqa: F403  (numpy-named ops: dt.add, dt.matmul, dt.sum, ...)
 from .ops import __all__ as _ops_all
 from .placement import Partial, Placement, Replicate, Shard
@@ -41,11 +42,14 @@ __all__ = [
     "init_mesh",
     "is_grad_enabled",
     "manual_seed",
+    "nn",
+    "optim",
     "no_grad",
     "ones",
     "rand",
     "randn",
     "reshard",
+    "shard_layer",
     "shard_tensor",
     "simulate",
     "spmd",

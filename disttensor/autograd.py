@@ -143,8 +143,12 @@ def record(name: str, inputs: Sequence[Any], outputs: Sequence[Any], backward) -
         o.requires_grad = True
 
 
-def record_op(name: str, args: tuple, attrs: dict, out: Any) -> None:
-    """Record a dispatched op (called by dispatch when an input requires a gradient)."""
+def record_op(
+    name: str, args: tuple, attrs: dict, out: Any, saved_args: tuple | None = None
+) -> None:
+    """Record a dispatched op (called by dispatch when an input requires a gradient).
+    ``saved_args`` are what the gradient sees (``args`` by default): the same values,
+    possibly in the layouts the forward pass resharded them to."""
     if name in NOT_DIFFERENTIABLE:
         return
     fn = GRADIENTS.get(name)
@@ -153,7 +157,7 @@ def record_op(name: str, args: tuple, attrs: dict, out: Any) -> None:
         return
     needs = tuple(bool(getattr(a, "requires_grad", False)) for a in args)
     saved = tuple(_detached(o) for o in outs) if isinstance(out, tuple) else _detached(out)
-    ctx = GradContext(args, attrs, saved, needs)
+    ctx = GradContext(args if saved_args is None else saved_args, attrs, saved, needs)
 
     def backward(grads: tuple) -> Sequence[Any]:
         if fn is None:
@@ -282,8 +286,8 @@ def _checked(g, t, node):
             f"internal error in the gradient of {node.name}: got shape {g.shape} for an input "
             f"of shape {t.shape}"
         )
-    if g.dtype != t.dtype and t.dtype.kind in "fc":
-        g = g.astype(t.dtype)
+    if g.dtype != t.dtype and t.dtype.kind in "fc":  # a local cast: Partials stay Partial
+        g = type(g)(g._local.astype(t.dtype), g._spec.replace(dtype=t.dtype))
     return g
 
 

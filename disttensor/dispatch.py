@@ -124,9 +124,22 @@ def apply(op: Op, args: tuple, attrs: dict) -> Any:
     if autograd._state.enabled:
         for t in tensors:
             if t.requires_grad:
-                autograd.record_op(op.name, args, attrs, out)
+                saved = _saved(args, pos, kargs, moves, targets, coord)
+                autograd.record_op(op.name, args, attrs, out, saved)
                 break
     return out
+
+
+def _saved(args, pos, kargs, moves, targets, coord):
+    """The arguments for the gradient: inputs that were resharded as the layout they were
+    computed in (same global value), so backward does not pay for the same reshard again."""
+    if moves is None or coord is None:
+        return args
+    saved = list(args)
+    for i, chain, target in zip(pos, moves, targets):
+        if chain:
+            saved[i] = DistTensor(kargs[i], target)
+    return tuple(saved)
 
 
 def _wrap(op: Op, result, mesh, coord, out_placements, out_shapes, out_specs):

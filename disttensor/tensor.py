@@ -479,10 +479,16 @@ def shard_tensor(
     """
     check_world(mesh, "shard_tensor")
     if isinstance(data, DistTensor):
-        out = reshard(data, mesh, placements)
+        if data.is_leaf:  # a leaf (a parameter, say) gives a new leaf
+            with autograd.no_grad():
+                out = reshard(data, mesh, placements)
+            out = out.detach() if out is data else out
+        else:  # part of a graph: the reshard is recorded, gradients flow back
+            out = reshard(data, mesh, placements)
         if dtype is not None and np.dtype(dtype) != out.dtype:
             out = DistTensor(out.to_local().astype(dtype), out.spec.replace(dtype=np.dtype(dtype)))
-        out.requires_grad = requires_grad or out.requires_grad
+        if out.is_leaf:
+            out.requires_grad = requires_grad or data.requires_grad
         return out
     try:
         arr = np.asarray(data, dtype=dtype)

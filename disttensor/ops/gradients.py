@@ -253,8 +253,8 @@ def _matmul(ctx, g):
     sx, sy = _shape(x), _shape(y)
     x2 = sh.expand_dims(x, 0) if len(sx) == 1 else x  # 1-D operands as matrices, as numpy does
     y2 = sh.expand_dims(y, -1) if len(sy) == 1 else y
-    g2 = sh.expand_dims(g, -2) if len(sx) == 1 else g
-    g2 = sh.expand_dims(g2, -1) if len(sy) == 1 else g2
+    g2 = sh.expand_dims(g, -1) if len(sy) == 1 else g  # y first: 1-D @ 1-D has a 0-d g
+    g2 = sh.expand_dims(g2, -2) if len(sx) == 1 else g2
     gx = gy = None
     if ctx.needs[0]:
         if tx:  # out = x^T y^(T?): dx = (g y'^T)^T

@@ -131,7 +131,11 @@ def reshard_cost(cur: Placement, req: Placement, k: int, nbytes: float) -> float
     if req.is_shard():
         if cur.is_replicate():
             return 0.01 * nbytes / k
-        return wire / k if cur.is_shard() else wire
+        # P -> S moves half of P -> R, but leaves the value split: a later op that needs it
+        # whole gathers the other half. Priced as the all-reduce, a rule keeps Partial -> Shard
+        # only where sharding saves elsewhere (an operand already split that way), and
+        # otherwise takes the one all-reduce (ties go to Replicate, the earlier candidate).
+        return wire / k if cur.is_shard() else 2 * wire
     # to Partial: local from Replicate, else through Replicate
     if cur.is_replicate():
         return 0.001 * nbytes / k

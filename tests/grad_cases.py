@@ -1,0 +1,962 @@
+"""Gradient cases, their numpy oracle, and the grid runner of tests/test_grad.py.
+
+A ``GradCase`` is a dt function, the numpy function of the same arguments, and the global
+arguments. Every numpy array argument is placed on the mesh (``op_cases.make_input``: Partial
+placements hold asymmetric splits, so a wrong gradient cannot pass by luck); the float ones
+require a gradient, the integer and bool ones (labels, ids, conditions) are constants. The
+loss is ``sum(out * cot)`` with a random cotangent ``cot``, so each input's gradient is the
+vector-Jacobian product with ``cot``. The oracle is numpy on the global inputs, in float64:
+central finite differences of the same loss, or a hand-written reference where one is easy
+(matmul, embedding) or where the op's convention is not a limit (ties of max/min shared
+evenly). The gathered ``x.grad`` must equal it, with x's shape and dtype, on every mesh and
+placement: Note [Partial gradients] in disttensor/autograd.py.
+
+The oracle runs once per case in the calling thread (``run_grid``); the simulated ranks only
+run dt. ``case_grad_*(world)`` are small gradient cases that also run under ``mpiexec``
+(tests/mpi_runner.py picks them up).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from op_cases import F64, PSUM, S0, S1, R, assert_grid, make_input, mesh_of, pairs, placements
+
+import disttensor as dt
+from disttensor.spmd.validate import DOMAINS, REFS, data
+
+RTOL, ATOL = 1e-5, 1e-6  # float64 central differences with eps 1e-6: errors near 1e-8
+EPS = 1e-6
+
+
+# -- data --------------------------------------------------------------------------------------
+# Where the forward op's domain or a kink needs other values than validate.DOMAINS gives:
+# kinks (abs, relu) and poles (tan) stay a finite distance away, so central differences of
+# step EPS never straddle them; exp-like ops keep moderate magnitudes.
+GRAD_DOMAINS = {
+    "abs": ("nonzero",),
+    "relu": ("nonzero",),
+    "tan": ("bounded",),
+    "arctan2": ("nonzero", "nonzero"),
+    **dict.fromkeys(("exp", "expm1", "sinh", "cosh", "gelu", "silu"), ("exponent",)),
+}
+
+
+def grad_data(name: str, i: int, shape, rng: np.random.Generator) -> np.ndarray:
+    """float64 values for argument ``i`` of op ``name``, in the domain its gradient wants."""
+    domain = (*GRAD_DOMAINS.get(name, DOMAINS.get(name, ())), "real", "real")[i]
+    if domain == "bounded":
+        return rng.uniform(-1.2, 1.2, shape)
+    return data(shape, F64, rng, domain)
+
+
+def reference(name: str) -> Callable[..., Any]:
+    return REFS.get(name) or getattr(np, name)
+
+
+# -- cases -------------------------------------------------------------------------------------
+@dataclass(eq=False)
+class GradCase:
+    """``fn(*args)`` (dt) against ``ref(*args)`` (numpy); see the module docstring.
+
+    ops: recorded ops that must be on the tape of at least one check of the grid on a mesh;
+    grads: a hand-written oracle ``grads(cots, *args) -> one array per float array``
+    (``cots``: the list of output cotangents), else central finite differences;
+    full: every placement pair of two arrays on 1-D meshes (else those that are equal or have
+    a Replicate side); exact_only: no Partial placements (ties must survive the splits);
+    grid: ``grid(mesh) -> [placement list per array, ...]`` replaces the default grid.
+    """
+
+    label: str
+    fn: Callable[..., Any]
+    ref: Callable[..., Any]
+    args: tuple
+    ops: tuple[str, ...] = ()
+    grads: Callable[..., Sequence[np.ndarray]] | None = None
+    full: bool = False
+    exact_only: bool = False
+    grid: Callable[[dt.ProcessMesh], list] | None = None
+    _oracle: Any = field(default=None, repr=False)
+
+    @property
+    def arrays(self) -> list[np.ndarray]:
+        return [a for a in self.args if isinstance(a, np.ndarray)]
+
+    @property
+    def wrt(self) -> list[int]:
+        """Positions (among the arrays) of the float arrays: the inputs that need gradients."""
+        return [i for i, a in enumerate(self.arrays) if a.dtype.kind == "f"]
+
+    def oracle(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """(output cotangents, wanted gradients), computed once."""
+        if self._oracle is None:
+            out = _outputs(self.ref(*self.args))
+            rng = np.random.default_rng(zlib.crc32(self.label.encode()))
+            cots = [rng.standard_normal(o.shape) for o in out]
+            if self.grads is not None:
+                want = [np.asarray(g, F64) for g in self.grads(cots, *self.args)]
+            else:
+                want = fd_grads(self.ref, self.args, cots)
+            self._oracle = cots, want
+        return self._oracle
+
+
+def _outputs(out) -> list[np.ndarray]:
+    return [np.asarray(o) for o in out] if isinstance(out, (list, tuple)) else [np.asarray(out)]
+
+
+def fd_grads(ref, args: tuple, cots: list[np.ndarray], eps: float = EPS) -> list[np.ndarray]:
+    """Central finite differences of ``sum(ref(*args) * cots)`` in each float array argument."""
+    args = list(args)
+
+    def loss() -> float:
+        with np.errstate(all="ignore"):
+            return float(sum(np.sum(o * c) for o, c in zip(_outputs(ref(*args)), cots)))
+
+    grads = []
+    for pos, a in enumerate(args):
+        if not (isinstance(a, np.ndarray) and a.dtype.kind == "f"):
+            continue
+        g = np.zeros(a.shape)
+        for idx in np.ndindex(a.shape):
+            x = a.copy()
+            args[pos] = x
+            x[idx] = a[idx] + eps
+            up = loss()
+            x[idx] = a[idx] - eps
+            g[idx] = (up - loss()) / (2 * eps)
+        args[pos] = a
+        grads.append(g)
+    return grads
+
+
+def default_grid(mesh: dt.ProcessMesh, case: GradCase) -> list[tuple]:
+    """The placement grid of the op tests (op_cases.placements / pairs), one list per array;
+    three or more arrays cycle through their grids together."""
+    if case.grid is not None:
+        combos = [tuple(c) for c in case.grid(mesh)]
+    else:
+        arrays = case.arrays
+        if len(arrays) == 1:
+            combos = [(pl,) for pl in placements(mesh, arrays[0].ndim, arrays[0].dtype)]
+        elif len(arrays) == 2:
+            combos = pairs(mesh, arrays[0], arrays[1], full=case.full)
+        else:
+            each = [placements(mesh, a.ndim, a.dtype) for a in arrays]
+            longest = max(len(e) for e in each)
+            cycles = [itertools.cycle(e) for e in each]
+            combos = [tuple(next(c) for c in cycles) for _ in range(longest)]
+    if case.exact_only:
+        combos = [c for c in combos if not any(p.is_partial() for pl in c for p in pl)]
+    return combos
+
+
+# -- the check ---------------------------------------------------------------------------------
+def graph_ops(t: dt.DistTensor) -> set[str]:
+    """Names of the recorded ops ``t`` depends on (a walk of the tape)."""
+    names, stack, seen = set(), [t], set()
+    while stack:
+        u = stack.pop()
+        if u._node is None or id(u._node[0]) in seen:
+            continue
+        node = u._node[0]
+        seen.add(id(node))
+        names.add(node.name)
+        stack.extend(i for i in node.inputs if i is not None)
+    return names
+
+
+def dt_loss(out, cots: list[np.ndarray]) -> dt.DistTensor:
+    """``sum(out * cot)`` over the outputs (a list for split)."""
+    outs = list(out) if isinstance(out, (list, tuple)) else [out]
+    loss = None
+    for o, c in zip(outs, cots, strict=True):
+        term = (o * c).sum()
+        loss = term if loss is None else loss + term
+    return loss
+
+
+class GradGrid:
+    """Runs gradient checks on every rank, collecting failures (every rank decides alike, so
+    the ranks stay in step)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.failures: list[str] = []
+        self.seen: set[str] = set()  # names of the ops recorded on the tapes of the checks
+
+    def run(self, mesh: dt.ProcessMesh, case: GradCase) -> None:
+        """The case over its placement grid; its ``ops`` must each be on some check's tape."""
+        self.seen = set()
+        combos = default_grid(mesh, case)
+        for pls in combos:
+            self.check(mesh, case, pls)
+        missing = set(case.ops) - self.seen
+        if combos and missing:
+            self.failures.append(f"{case.label} on {mesh.shape}: {sorted(missing)} never ran")
+
+    def check(self, mesh: dt.ProcessMesh, case: GradCase, pls: Sequence) -> None:
+        what = f"{case.label} on {mesh.shape} {' '.join(map(str, pls))}"
+        self.count += 1
+        cots, want = case.oracle()
+        try:
+            it = iter(pls)
+            xs, leaves = [], []
+            for a in case.args:
+                if isinstance(a, np.ndarray):
+                    t = make_input(a, mesh, next(it), seed=self.count)
+                    if a.dtype.kind == "f":
+                        leaves.append(t.requires_grad_())
+                    xs.append(t)
+                else:
+                    xs.append(a)
+            with np.errstate(all="ignore"):
+                out = case.fn(*xs)
+                loss = dt_loss(out, cots)
+                self.seen |= graph_ops(loss)
+                loss.backward()
+            for i, (t, w) in enumerate(zip(leaves, want, strict=True)):
+                g = t.grad
+                assert g is not None, f"input {i} got no gradient"
+                assert (g.shape, g.dtype) == (t.shape, t.dtype), (
+                    f"input {i}: gradient {g.dtype}{g.shape} for a {t.dtype}{t.shape} input"
+                )
+                assert g.mesh == mesh, f"input {i}: gradient on {g.mesh}"
+                np.testing.assert_allclose(
+                    g.numpy(), w, rtol=RTOL, atol=ATOL, err_msg=f"input {i} {g.placements}"
+                )
+        except Exception as e:
+            self.failures.append(f"{what}: {type(e).__name__}: {str(e)[:400]}")
+
+    def result(self) -> tuple[int, list[str]]:
+        return self.count, self.failures
+
+
+def _program(mesh: dt.ProcessMesh, cases: Sequence[GradCase]) -> tuple[int, list[str]]:
+    grid = GradGrid()
+    for case in cases:
+        grid.run(mesh, case)
+    return grid.result()
+
+
+def run_grid(mesh_shape: Sequence[int], cases: Sequence[GradCase], minimum: int = 1) -> int:
+    """Every case over its placement grid on simulated ranks of a mesh of that shape; the
+    oracles are computed here first (once, in this thread)."""
+    for case in cases:
+        case.oracle()
+    mesh = mesh_of(mesh_shape)
+    return assert_grid(dt.simulate(mesh.size, _program, mesh, cases), minimum)
+
+
+# -- shapes ------------------------------------------------------------------------------------
+# Fixed shapes (so one oracle serves every mesh): on meshes of 2, 3 and 4 ranks
+# EVEN (4, 6) splits evenly on 2, 4 and (2, 2) (axis 1 on 3), UNEVEN (5, 7) unevenly on all,
+# EMPTY (2, 3) leaves empty shards on 3 and 4 ranks (axis 0) and on 4 (axis 1).
+EVEN, UNEVEN, EMPTY = (4, 6), (5, 7), (2, 3)
+SHAPES = {"even": EVEN, "uneven": UNEVEN, "empty": EMPTY}
+ZERO = (0, 3)
+
+
+# -- elementwise -------------------------------------------------------------------------------
+def unary_cases(name: str) -> list[GradCase]:
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    fn, ref = getattr(dt, name), reference(name)
+    out = []
+    for label, shape in {**SHAPES, "zero": ZERO}.items():
+        x = grad_data(name, 0, shape, rng)
+        out.append(GradCase(f"{name} {label}{shape}", fn, ref, (x,), ops=(name,)))
+    return out
+
+
+BROADCAST = [((5, 7), (7,)), ((5, 1), (1, 7)), ((), (5, 7))]
+SCALAR_EXPONENT = {"power": 1.5, "mod": 2.5, "divide": 2.5, "true_divide": -2.5}
+
+
+def binary_cases(name: str, full: bool) -> list[GradCase]:
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    fn, ref = getattr(dt, name), reference(name)
+    out = []
+    for label, shape in SHAPES.items():
+        x, y = grad_data(name, 0, shape, rng), grad_data(name, 1, shape, rng)
+        case = GradCase(f"{name} {label}{shape}", fn, ref, (x, y), ops=(name,), full=full)
+        out.append(case)
+    for sa, sb in BROADCAST:
+        x, y = grad_data(name, 0, sa, rng), grad_data(name, 1, sb, rng)
+        out.append(GradCase(f"{name} {sa} with {sb}", fn, ref, (x, y), ops=(name,)))
+    # a Python scalar on either side
+    x, y = grad_data(name, 0, UNEVEN, rng), grad_data(name, 1, UNEVEN, rng)
+    s = SCALAR_EXPONENT.get(name, 1.75)
+    left = 2.5 if name != "mod" else 7.5
+    out.append(
+        GradCase(f"{name} x, {s}", lambda a: fn(a, s), lambda a: ref(a, s), (x,), ops=(name,))
+    )
+    out.append(
+        GradCase(
+            f"{name} {left}, y", lambda b: fn(left, b), lambda b: ref(left, b), (y,), ops=(name,)
+        )
+    )
+    if name in ("maximum", "minimum"):  # ties split the gradient evenly, as central differences
+        t = np.where(rng.random(UNEVEN) < 0.4, x, y)
+        out.append(
+            GradCase(f"{name} ties", fn, ref, (x, t), ops=(name,), full=True, exact_only=True)
+        )
+    return out
+
+
+def where_cases() -> list[GradCase]:
+    rng = np.random.default_rng(11)
+    c, x, y = rng.random(UNEVEN) < 0.5, rng.normal(size=UNEVEN), rng.normal(size=UNEVEN)
+    cases = [GradCase("where", dt.where, np.where, (c, x, y), ops=("where",))]
+    c1, row = rng.random((5, 1)) < 0.5, rng.normal(size=(7,))
+    cases.append(GradCase("where broadcast", dt.where, np.where, (c1, x, row), ops=("where",)))
+    cases.append(
+        GradCase(
+            "where scalar",
+            lambda c, a: dt.where(c, a, 0.0),
+            lambda c, a: np.where(c, a, 0.0),
+            (c, x),
+            ops=("where",),
+            full=True,
+        )
+    )
+    return cases
+
+
+def clip_cases() -> list[GradCase]:
+    rng = np.random.default_rng(12)
+    x = rng.normal(0, 2, UNEVEN)
+    lo, hi = rng.normal(size=(5, 1)) - 1, rng.normal(size=(7,)) + 1
+    lo[0, 0], hi[0] = 0.5, -0.5  # the row and column where lo > hi (numpy: the result is hi)
+    lo_rows = rng.normal(size=(5, 1)) - 1
+    return [
+        GradCase(
+            "clip scalars",
+            lambda a: dt.clip(a, -1.0, 2.0),
+            lambda a: np.clip(a, -1.0, 2.0),
+            (x,),
+            ops=("clip",),
+        ),
+        GradCase(
+            "clip upper only",
+            lambda a: dt.clip(a, None, 0.5),
+            lambda a: np.clip(a, None, 0.5),
+            (x,),
+            ops=("clip",),
+        ),
+        GradCase(
+            "clip tensor bounds", dt.clip, lambda a, b, c: np.clip(a, b, c), (x, lo, hi), ("clip",)
+        ),
+        GradCase(
+            "clip lower tensor",
+            lambda a, b: dt.clip(a, b, None),
+            lambda a, b: np.clip(a, b, None),
+            (x, lo_rows),
+            ops=("clip",),
+        ),
+    ]
+
+
+def astype_cases() -> list[GradCase]:
+    """Through float32 central differences are noise: a hand-written oracle (the identity)."""
+    rng = np.random.default_rng(13)
+    x = rng.normal(size=UNEVEN)
+    x32 = x.astype(np.float32)
+    return [
+        GradCase(
+            "astype float32",
+            lambda a: dt.astype(a, np.float32),
+            lambda a: a.astype(np.float32),
+            (x,),
+            ops=("astype",),
+            grads=lambda cots, a: [cots[0]],
+        ),
+        GradCase(
+            "astype of a float32 input",
+            lambda a: dt.tanh(a.astype(np.float64)),
+            lambda a: np.tanh(a.astype(np.float64)),
+            (x32,),
+            ops=("astype", "tanh"),
+            grads=lambda cots, a: [cots[0] * (1 - np.tanh(a.astype(np.float64)) ** 2)],
+        ),
+        GradCase(
+            "astype float64 (a copy)",
+            lambda a: dt.astype(a, np.float64) * 3,
+            lambda a: a * 3,
+            (x,),
+            ops=("astype",),
+        ),
+    ]
+
+
+def constant_cases() -> list[GradCase]:
+    """Ops of autograd.NOT_DIFFERENTIABLE are constants: no gradient flows through them."""
+    rng = np.random.default_rng(14)
+    x = rng.normal(0, 2, UNEVEN) + 0.25  # no integers, so floor/round are not at a jump
+    y = rng.normal(0, 2, UNEVEN)
+    return [
+        GradCase(
+            "sign, floor, ceil, round, comparisons are constants",
+            lambda a, b: (
+                (dt.sign(a) + dt.floor(b) + dt.ceil(a) + dt.round(b)) * a
+                + dt.where(dt.greater(a, b), a, b) * dt.floor_divide(a, 1.5)
+            ),
+            lambda a, b: (
+                (np.sign(a) + np.floor(b) + np.ceil(a) + np.round(b)) * a
+                + np.where(np.greater(a, b), a, b) * np.floor_divide(a, 1.5)
+            ),
+            (x, y),
+        )
+    ]
+
+
+# -- linalg ------------------------------------------------------------------------------------
+def _mm_grads(trans_x: bool, trans_y: bool):
+    """Hand-written 2-D matmul gradients: out = X Y, X = x or x^T, Y = y or y^T."""
+
+    def grads(cots, x, y):
+        g = cots[0]
+        xm, ym = (x.T if trans_x else x), (y.T if trans_y else y)
+        gx, gy = g @ ym.T, xm.T @ g
+        return [gx.T if trans_x else gx, gy.T if trans_y else gy]
+
+    return grads
+
+
+def linalg_cases() -> list[GradCase]:
+    rng = np.random.default_rng(15)
+
+    def n(*shape):
+        return rng.normal(size=shape)
+
+    a, b = n(5, 3), n(3, 4)
+    mm = reference("matmul")
+    cases = [
+        GradCase("matmul (5,3)@(3,4)", dt.matmul, np.matmul, (a, b), ("matmul",), _mm_grads(0, 0)),
+        GradCase("matmul (4,6)@(6,2)", dt.matmul, np.matmul, (n(4, 6), n(6, 2)), ("matmul",)),
+    ]
+    cases[0].full = True
+    for tx, ty in ((True, False), (False, True), (True, True)):
+        x = a.T.copy() if tx else a
+        y = b.T.copy() if ty else b
+        cases.append(
+            GradCase(
+                f"matmul trans_x={tx} trans_y={ty}",
+                lambda p, q, tx=tx, ty=ty: dt.matmul(p, q, trans_x=tx, trans_y=ty),
+                lambda p, q, tx=tx, ty=ty: mm(p, q, trans_x=tx, trans_y=ty),
+                (x, y),
+                ("matmul",),
+                _mm_grads(tx, ty),
+            )
+        )
+    for sa, sb in [((3,), (3, 4)), ((5, 3), (3,)), ((3,), (3,)), ((2, 5, 3), (3, 4))]:
+        cases.append(
+            GradCase(f"matmul {sa}@{sb}", dt.matmul, np.matmul, (n(*sa), n(*sb)), ("matmul",))
+        )
+    for sa, sb in [((5, 3), (2, 3, 4)), ((2, 1, 2, 3), (3, 3, 2))]:  # broadcast batch axes
+        cases.append(
+            GradCase(f"matmul {sa}@{sb}", dt.matmul, np.matmul, (n(*sa), n(*sb)), ("matmul",))
+        )
+    for sa, sb in [
+        ((5, 3), (3,)),
+        ((3,), (3,)),
+        ((5, 3), (3, 4)),
+        ((2, 5, 3), (3, 4)),
+        ((5, 3), ()),
+    ]:
+        cases.append(GradCase(f"dot {sa}.{sb}", dt.dot, np.dot, (n(*sa), n(*sb)), ("dot",)))
+    for eq, shapes in [
+        ("ij,jk->ik", [(5, 3), (3, 4)]),
+        ("ij,jk->k", [(5, 3), (3, 4)]),
+        ("bij,jk->bik", [(2, 5, 3), (3, 4)]),
+        ("ij->j", [(5, 7)]),
+        ("ij->ji", [(5, 7)]),
+        ("i,i->", [(5,), (5,)]),
+        ("ij,ij->ij", [(5, 3), (5, 3)]),
+        ("ij,k->i", [(5, 3), (4,)]),  # k only in the second operand, j only in the first
+        ("ij,jk,kl->il", [(5, 3), (3, 4), (4, 2)]),
+    ]:
+        cases.append(
+            GradCase(
+                f"einsum {eq}",
+                lambda *ops, eq=eq: dt.einsum(eq, *ops),
+                lambda *ops, eq=eq: np.einsum(eq, *ops),
+                tuple(n(*s) for s in shapes),
+                ("einsum",),
+            )
+        )
+    for sa, sb in [((5,), (3,)), ((2, 3), (4,))]:
+        cases.append(GradCase(f"outer {sa} {sb}", dt.outer, np.outer, (n(*sa), n(*sb)), ("outer",)))
+    return cases
+
+
+# -- reductions --------------------------------------------------------------------------------
+AXES = [(None, False), (0, False), (-1, False), ((0, 1), False), (1, True), (None, True)]
+
+
+def _ties_grads(kind: str, axis):
+    """max/min: the items equal to the result share its gradient evenly."""
+
+    def grads(cots, x):
+        m = getattr(np, kind)(x, axis=axis, keepdims=True)
+        hit = (x == m).astype(F64)
+        g = np.reshape(cots[0], m.shape)
+        return [hit * g / hit.sum(axis=axis, keepdims=True)]
+
+    return grads
+
+
+def reduction_cases(name: str) -> list[GradCase]:
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    fn, ref = getattr(dt, name), getattr(np, name)
+    out = []
+    for label, shape in (("uneven", UNEVEN), ("empty", EMPTY)):
+        x = rng.uniform(-2, 2, shape) if name == "prod" else rng.normal(size=shape)
+        for axis, keep in AXES:
+            out.append(
+                GradCase(
+                    f"{name} {label}{shape} axis={axis} keepdims={keep}",
+                    lambda a, axis=axis, keep=keep: fn(a, axis=axis, keepdims=keep),
+                    lambda a, axis=axis, keep=keep: ref(a, axis=axis, keepdims=keep),
+                    (x,),
+                    (name,),
+                )
+            )
+    if name == "prod":  # one zero in a row, two in another: exact (products of the others)
+        x = rng.uniform(-2, 2, UNEVEN)
+        x[0, 3] = x[2, 1] = x[2, 5] = 0.0
+        for axis in (1, None):
+            out.append(
+                GradCase(
+                    f"prod with zeros axis={axis}",
+                    lambda a, axis=axis: dt.prod(a, axis=axis),
+                    lambda a, axis=axis: np.prod(a, axis=axis),
+                    (x,),
+                    ("prod",),
+                )
+            )
+    if name in ("max", "min"):  # integer values: ties, kept exact by the Partial splits
+        x = rng.integers(-2, 3, UNEVEN).astype(F64)
+        for axis in (0, 1, None):
+            out.append(
+                GradCase(
+                    f"{name} ties axis={axis}",
+                    lambda a, axis=axis: fn(a, axis=axis),
+                    lambda a, axis=axis: ref(a, axis=axis),
+                    (x,),
+                    (name,),
+                    grads=_ties_grads(name, axis),
+                )
+            )
+    return out
+
+
+def bound(label: str, fn, ref, args: tuple, ops: tuple[str, ...] = (), **kw) -> GradCase:
+    """``fn(*args, **kw)`` against ``ref(*args, **kw)``."""
+    return GradCase(label, lambda *a: fn(*a, **kw), lambda *a: ref(*a, **kw), args, ops)
+
+
+def composite_cases() -> list[GradCase]:
+    rng = np.random.default_rng(16)
+    out = []
+    for label, shape in (("uneven", UNEVEN), ("empty", EMPTY), ("3-D", (2, 5, 3))):
+        x = rng.normal(size=shape)
+        nd = len(shape)
+        for axis, keep, ddof in [(None, 0, 0), (0, 1, 1), (-1, 0, 0), ((0, nd - 1), 0, 1)]:
+            keep = bool(keep)
+            for name in ("var", "std"):
+                what = f"{name} {label} axis={axis} ddof={ddof} keepdims={keep}"
+                kw = {"axis": axis, "ddof": ddof, "keepdims": keep}
+                out.append(bound(what, getattr(dt, name), getattr(np, name), (x,), **kw))
+            what = f"logsumexp {label} axis={axis} keepdims={keep}"
+            kw = {"axis": axis, "keepdims": keep}
+            out.append(bound(what, dt.logsumexp, REFS["logsumexp"], (x,), **kw))
+        for axis in (0, -1):
+            for name in ("softmax", "log_softmax"):
+                what = f"{name} {label} axis={axis}"
+                out.append(bound(what, getattr(dt, name), REFS[name], (x,), axis=axis))
+    return out
+
+
+# -- shape ops ---------------------------------------------------------------------------------
+def _same(label: str, name: str, x: np.ndarray, *args, ops: tuple[str, ...] | None = None):
+    """``dt.<name>(x, *args)`` against ``np.<name>(x, *args)``."""
+    ours, theirs = getattr(dt, name), getattr(np, name)
+    return GradCase(
+        f"{name}{args} {label}{x.shape}",
+        lambda a: ours(a, *args),
+        lambda a: theirs(a, *args),
+        (x,),
+        ops=(name,) if ops is None else ops,
+    )
+
+
+GETITEM_KEYS = {
+    "int": 2,
+    "negative int": -1,
+    "stepped slice, int": (slice(1, 4, 2), 2),
+    "None and an open slice": (slice(None), None, slice(1, None)),
+    "Ellipsis, int": (Ellipsis, 1),
+    "negative step": (slice(None, None, -2),),
+    "int, Ellipsis, None": (1, Ellipsis, None),
+    "reversed range": (slice(None), slice(5, 1, -2)),
+    "empty slice": (slice(3, 3),),
+}
+
+
+def shape_cases() -> list[GradCase]:
+    rng = np.random.default_rng(17)
+    x, e, t = rng.normal(size=UNEVEN), rng.normal(size=EMPTY), rng.normal(size=(2, 5, 3))
+    cases = [
+        _same("", "reshape", x, (35,)),
+        _same("", "reshape", x, (7, 5)),
+        _same("", "reshape", x, (5, 7, 1)),
+        _same("", "reshape", t, (10, 3)),
+        _same("", "reshape", t, (2, -1)),
+        _same("", "reshape", e, (3, 2)),
+        GradCase(f"flatten {t.shape}", dt.flatten, lambda a: a.reshape(-1), (t,), ops=("reshape",)),
+        GradCase(f"ravel {x.shape}", dt.ravel, np.ravel, (x,), ops=("reshape",)),
+        _same("", "transpose", x),
+        _same("", "transpose", t, (1, 0, 2)),
+        _same("", "transpose", t, (2, 0, 1)),
+        _same("", "transpose", t, (-1, 0, 1)),
+        _same("", "swapaxes", x, 0, 1),
+        _same("", "swapaxes", t, 0, -1),
+        _same("", "expand_dims", x, 0),
+        _same("", "expand_dims", x, -1),
+        _same("", "expand_dims", e, (0, 2)),
+        _same("", "squeeze", x[:, None, :].copy()),
+        _same("", "squeeze", x[:, None, :].copy(), 1),
+        _same("", "squeeze", rng.normal(size=(1, 5)), 0),
+        _same("", "broadcast_to", rng.normal(size=(7,)), UNEVEN),
+        _same("", "broadcast_to", rng.normal(size=(5, 1)), UNEVEN),
+        _same("", "broadcast_to", e, (4, 2, 3)),
+        _same("", "tile", x, 2),
+        _same("", "tile", e, (2, 1)),
+        _same("", "tile", e, (2, 1, 2)),
+        _same("", "repeat", x, 2, 0),
+        _same("", "repeat", x, [1, 0, 3, 1, 2, 1, 1], 1),
+        _same("", "repeat", e, 2, ops=("repeat", "reshape")),
+        GradCase(
+            f"split into 3 sections {t.shape}",
+            lambda a: dt.split(a, 3, 2),
+            lambda a: np.split(a, 3, 2),
+            (t,),
+            ops=("split",),
+        ),
+        GradCase(
+            f"split at [1, 3] {x.shape}",
+            lambda a: dt.split(a, [1, 3], 1),
+            lambda a: np.split(a, [1, 3], 1),
+            (x,),
+            ops=("split",),
+        ),
+    ]
+    two, three = rng.normal(size=(2, 7)), rng.normal(size=(5, 3))
+    cases += [
+        GradCase(
+            "concatenate axis 0",
+            lambda a, b: dt.concatenate([a, b], 0),
+            lambda a, b: np.concatenate([a, b], 0),
+            (x, two),
+            ops=("concatenate",),
+        ),
+        GradCase(
+            "concatenate axis 1, three inputs",
+            lambda a, b, c: dt.concatenate([a, b, c], 1),
+            lambda a, b, c: np.concatenate([a, b, c], 1),
+            (x, three, x[:, :2].copy()),
+            ops=("concatenate",),
+        ),
+        GradCase(
+            "concatenate with a constant",
+            lambda a: dt.concatenate([a, np.ones((1, 7))], -2),
+            lambda a: np.concatenate([a, np.ones((1, 7))], -2),
+            (x,),
+            ops=("concatenate",),
+        ),
+    ]
+    y = rng.normal(size=UNEVEN)
+    for axis in (0, 1, -1):
+        cases.append(
+            GradCase(
+                f"stack axis {axis}",
+                lambda a, b, axis=axis: dt.stack([a, b], axis),
+                lambda a, b, axis=axis: np.stack([a, b], axis),
+                (x, y),
+                ops=("stack",),
+            )
+        )
+    for label, key in GETITEM_KEYS.items():
+        cases.append(
+            GradCase(
+                f"getitem [{label}]",
+                lambda a, key=key: a[key],
+                lambda a, key=key: a[key],
+                (x,),
+                ops=("getitem",),
+            )
+        )
+    cases.append(
+        GradCase(
+            "getitem 3-D [0, ..., 1:3]",
+            lambda a: a[0, ..., 1:3],
+            lambda a: a[0, ..., 1:3],
+            (t,),
+            ops=("getitem",),
+        )
+    )
+    return cases
+
+
+def internal_cases() -> list[GradCase]:
+    """The scatter ops gradients are made of are linear; their own gradients are gathers."""
+    from disttensor.ops import nn
+    from disttensor.ops import shape as sh
+
+    rng = np.random.default_rng(18)
+    key = (slice(1, 4, 2), slice(None), None)
+    g = rng.normal(size=(2, 7, 1))
+
+    def scatter(a, key=key):
+        out = np.zeros(UNEVEN)
+        out[key] = a
+        return out
+
+    ids = np.array([[0, 5, -1], [2, 2, 1]])
+    rows = rng.normal(size=(2, 3, 4))
+
+    def scatter_add(i, r):
+        out = np.zeros((6, 4))
+        np.add.at(out, np.where(i < 0, i + 6, i), r)
+        return out
+
+    return [
+        GradCase(
+            "getitem_grad (scatter)",
+            lambda a: sh.OPS["getitem_grad"](a, key=key, shape=UNEVEN),
+            scatter,
+            (g,),
+            ops=("getitem_grad",),
+        ),
+        GradCase(
+            "embedding_grad (scatter-add)",
+            lambda i, r: nn.EMBEDDING_GRAD(i, r, vocab=6),
+            scatter_add,
+            (ids, rows),
+            ops=("embedding_grad",),
+        ),
+    ]
+
+
+# -- nn ----------------------------------------------------------------------------------------
+def np_layer_norm(x, w=None, b=None, begin=-1, eps=1e-5):
+    axes = tuple(range(begin % x.ndim, x.ndim))
+    y = (x - x.mean(axes, keepdims=True)) / np.sqrt(x.var(axes, keepdims=True) + eps)
+    return y * (1 if w is None else w) + (0 if b is None else b)
+
+
+def np_cross_entropy(logits, labels, axis=-1, reduction="mean"):
+    n = logits.shape[axis]
+    labels = np.where(labels < 0, labels + n, labels)
+    m = logits.max(axis, keepdims=True)
+    lse = np.log(np.exp(logits - m).sum(axis, keepdims=True)) + m
+    loss = -np.take_along_axis(logits - lse, np.expand_dims(labels, axis), axis).squeeze(axis)
+    return loss if reduction == "none" else getattr(loss, reduction)()
+
+
+def _embedding_grads(cots, ids, w):
+    g = np.zeros_like(w)
+    np.add.at(g, np.where(ids < 0, ids + w.shape[0], ids), cots[0])
+    return [g]
+
+
+def nn_cases() -> list[GradCase]:
+    rng = np.random.default_rng(19)
+    cases = []
+    # layer_norm: normalized axes whole (fused) or split (composite), weight and bias
+    for shape, begin in (((5, 7), -1), ((2, 5, 3), 1), ((2, 5, 3), 2), ((2, 3), 1)):
+        x = rng.normal(1, 2, shape)
+        ns = shape[begin:]
+        w, b = rng.normal(size=ns), rng.normal(size=ns)
+        cases += [
+            GradCase(
+                f"layer_norm {shape} begin={begin}",
+                lambda a, begin=begin: dt.layer_norm(a, begin_norm_axis=begin),
+                lambda a, begin=begin: np_layer_norm(a, begin=begin),
+                (x,),
+                ops=("layer_norm",),
+            ),
+            GradCase(
+                f"layer_norm {shape} begin={begin} weight, bias",
+                lambda a, p, q, begin=begin: dt.layer_norm(a, p, q, begin_norm_axis=begin),
+                lambda a, p, q, begin=begin: np_layer_norm(a, p, q, begin=begin),
+                (x, w, b),
+                ops=("layer_norm",),
+            ),
+        ]
+    cases.append(
+        GradCase(
+            "layer_norm (5,7) weight only, epsilon=0.1",
+            lambda a, p: dt.layer_norm(a, p, None, epsilon=0.1),
+            lambda a, p: np_layer_norm(a, p, None, eps=0.1),
+            (rng.normal(size=UNEVEN), rng.normal(size=(7,))),
+            full=True,
+        )
+    )
+    # embedding: vocabulary-sharded, column-sharded, ids sharded; repeated and negative ids
+    for vocab, ids_shape in ((6, (2, 3)), (5, (5,)), (3, (2, 2))):
+        w = rng.normal(size=(vocab, 4))
+        ids = rng.integers(-vocab, vocab, ids_shape)
+        ids.reshape(-1)[:2] = ids.reshape(-1)[-1]  # repeats accumulate
+        cases.append(
+            GradCase(
+                f"embedding vocab={vocab} ids{ids_shape}",
+                dt.embedding,
+                lambda i, t: t[i],
+                (ids, w),
+                ops=("embedding",),
+                grads=_embedding_grads,
+                full=True,
+            )
+        )
+    # cross_entropy: fused (class axis whole) and vocabulary-parallel (class axis split)
+    for shape, axis in (((5, 6), -1), ((6, 5), 0), ((2, 3, 5), -1), ((2, 3), 1)):
+        logits = rng.normal(0, 2, shape)
+        n = shape[axis]
+        labels = rng.integers(-n, n, shape[: axis % len(shape)] + shape[axis % len(shape) + 1 :])
+        for reduction in ("mean", "sum", "none"):
+            cases.append(
+                GradCase(
+                    f"cross_entropy {shape} axis={axis} {reduction}",
+                    lambda lg, lb, axis=axis, r=reduction: dt.cross_entropy(lg, lb, axis, r),
+                    lambda lg, lb, axis=axis, r=reduction: np_cross_entropy(lg, lb, axis, r),
+                    (logits, labels),
+                    ops=("cross_entropy",),
+                    full=reduction == "mean",
+                )
+            )
+
+    def vocab_parallel(mesh):  # every placement pair that splits the class axis
+        grid = [([S1], [S0]), ([S1], [R]), ([S1], [PSUM])]
+        return grid if mesh.ndim == 1 else [([S0, S1], [S0, R]), ([S1, S1], [R, R])]
+
+    logits, labels = rng.normal(0, 2, (5, 6)), rng.integers(-6, 6, (5,))
+    for reduction in ("mean", "sum", "none"):
+        cases.append(
+            GradCase(
+                f"cross_entropy vocabulary-parallel {reduction}",
+                lambda lg, lb, r=reduction: dt.cross_entropy(lg, lb, reduction=r),
+                lambda lg, lb, r=reduction: np_cross_entropy(lg, lb, reduction=r),
+                (logits, labels),
+                ops=("take_labels",),
+                grid=lambda mesh: vocab_parallel(mesh) if mesh.size > 1 else [],
+            )
+        )
+    return cases
+
+
+# -- reshard -----------------------------------------------------------------------------------
+RESHARD_TARGETS_1D = [[S0], [S1], [R], [PSUM]]
+RESHARD_TARGETS_2D = [[S0, S1], [R, S0], [PSUM, R], [S1, PSUM], [R, R]]
+
+
+def reshard_cases() -> list[GradCase]:
+    rng = np.random.default_rng(20)
+    out = []
+    for label, shape in (("uneven", UNEVEN), ("empty", EMPTY)):
+        x = rng.normal(size=shape)
+        for i in range(len(RESHARD_TARGETS_2D)):
+
+            def fn(a, i=i):
+                targets = RESHARD_TARGETS_1D if a.mesh.ndim == 1 else RESHARD_TARGETS_2D
+                dst = targets[i % len(targets)]
+                return dt.sin(dt.reshard(a, a.mesh, dst)) * 2
+
+            out.append(
+                GradCase(
+                    f"reshard {label} to target {i}",
+                    fn,
+                    lambda a: np.sin(a) * 2,
+                    (x,),
+                    ("reshard",),
+                )
+            )
+    return out
+
+
+# -- SPMD cases for mpiexec (tests/mpi_runner.py) and simulated ranks -----------------------------
+def _mpi_run(world: int, cases: list[GradCase], shapes=((1,), (2,), (4,), (2, 2))) -> int:
+    """The cases on each listed mesh that fits the world; ranks outside a mesh skip."""
+    grid = GradGrid()
+    for shape in shapes:
+        if math.prod(shape) > world:
+            continue
+        mesh = mesh_of(shape)
+        if dt.get_rank() not in mesh:
+            continue
+        for case in cases:
+            grid.run(mesh, case)
+    return assert_grid([grid.result()])
+
+
+def _on(one_d: list, two_d: list):
+    """A grid: ``one_d`` on 1-D meshes, ``two_d`` on 2-D ones."""
+    return lambda mesh: one_d if mesh.ndim == 1 else two_d
+
+
+def mpi_cases() -> list[GradCase]:
+    """An MLP-style matmul chain (data parallel; column then row parallel), layer_norm with
+    split normalized axes, vocabulary-parallel cross entropy, a sharded embedding."""
+    rng = np.random.default_rng(21)
+    x, w1, w2 = rng.normal(size=(5, 4)), rng.normal(size=(4, 6)), rng.normal(size=(6, 3))
+    mlp = GradCase(
+        "MLP tanh(x @ w1) @ w2",
+        lambda a, b, c: dt.tanh(a @ b) @ c,
+        lambda a, b, c: np.tanh(a @ b) @ c,
+        (x, w1, w2),
+        ops=("matmul", "tanh"),
+        grid=_on(
+            [([S0], [R], [R]), ([R], [S1], [S0]), ([PSUM], [R], [S1])],
+            [([S0, R], [R, S1], [R, S0]), ([S0, S1], [R, R], [S1, R])],
+        ),
+    )
+    t, w, b = rng.normal(size=(2, 5, 3)), rng.normal(size=(5, 3)), rng.normal(size=(5, 3))
+    ln = GradCase(
+        "layer_norm (2, 5, 3) begin=1 weight, bias",
+        lambda a, p, q: dt.layer_norm(a, p, q, begin_norm_axis=1),
+        lambda a, p, q: np_layer_norm(a, p, q, begin=1),
+        (t, w, b),
+        grid=_on([([S1], [S0], [R]), ([S0], [R], [R])], [([S0, S1], [R, S0], [R, R])]),
+    )
+    logits, labels = rng.normal(0, 2, (5, 6)), rng.integers(-6, 6, (5,))
+    ce = GradCase(
+        "cross_entropy (5, 6) mean",
+        lambda lg, lb: dt.cross_entropy(lg, lb),
+        np_cross_entropy,
+        (logits, labels),
+        grid=_on([([S1], [R]), ([S1], [S0])], [([S0, S1], [S0, R])]),
+    )
+    table, ids = rng.normal(size=(6, 4)), np.array([[0, 5, -1], [2, 2, 1]])
+    emb = GradCase(
+        "embedding",
+        dt.embedding,
+        lambda i, tb: tb[i],
+        (ids, table),
+        ops=("embedding",),
+        grads=_embedding_grads,
+        grid=_on(
+            [([R], [S0]), ([S0], [S1]), ([S1], [S0])], [([S0, R], [R, S1]), ([R, S1], [S0, R])]
+        ),
+    )
+    return [mlp, ln, ce, emb]
+
+
+def case_grad_models(world: int) -> int:
+    """mpi_cases() on the meshes (1), (2), (4), (2, 2) that fit the world."""
+    return _mpi_run(world, mpi_cases())
