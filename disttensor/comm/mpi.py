@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import sys
+import time
+import traceback
 
 import numpy as np
 
@@ -153,7 +155,11 @@ def _abort_on_uncaught(exc_type, exc, tb) -> None:
     before using MPI initializes it just to abort: hydra does not end the job when a rank
     exits without having joined it.
     """
-    _previous_hook(exc_type, exc, tb)
+    if _previous_hook is sys.__excepthook__:  # the traceback in one write: the launcher
+        sys.stderr.write("".join(traceback.format_exception(exc_type, exc, tb)))  # forwards
+        sys.stderr.flush()  # it whole even when the abort below races with its forwarding
+    else:
+        _previous_hook(exc_type, exc, tb)
     MPI = sys.modules.get("mpi4py.MPI")
     initialized = MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized()
     if not initialized and _launched_size() <= 1:
@@ -170,6 +176,7 @@ def _abort_on_uncaught(exc_type, exc, tb) -> None:
             )
             sys.stderr.flush()
             sys.stdout.flush()
+            time.sleep(0.2)  # let mpiexec forward this rank's output before the job is killed
         finally:
             MPI.COMM_WORLD.Abort(1)
 

@@ -134,9 +134,10 @@ class Module:
             p = own.get(name)
             if p is None:
                 continue
-            if tuple(np.shape(value)) != p.shape:
+            shape = value.shape if isinstance(value, DistTensor) else np.shape(value)
+            if tuple(shape) != p.shape:
                 raise ValueError(
-                    f"load_state_dict: {name} has shape {tuple(np.shape(value))}, the "
+                    f"load_state_dict: {name} has shape {tuple(shape)}, the "
                     f"parameter has shape {p.shape}"
                 )
         with autograd.no_grad():

@@ -169,16 +169,19 @@ def plan_shard_fn(plan: Mapping[str, _Plan]) -> Callable[[str, Module, ProcessMe
     return shard_fn
 
 
-def megatron_plan(prefix: str = "*", mesh_dim: int | str | None = None) -> dict[str, _Plan]:
-    """The tensor-parallel plan of dt.nn.TransformerBlock layers under ``prefix``: q, k, v and
-    mlp.fc1 column-parallel, attn.proj and mlp.fc2 row-parallel (one reduction per residual
-    branch in forward, one in backward)."""
+def megatron_plan(prefix: str | None = None, mesh_dim: int | str | None = None) -> dict[str, _Plan]:
+    """The tensor-parallel plan of dt.nn.TransformerBlock layers: q, k, v and mlp.fc1
+    column-parallel, attn.proj and mlp.fc2 row-parallel (one reduction per residual branch
+    in forward, one in backward). ``prefix`` is a glob for the blocks' names (e.g.
+    ``"blocks.*"``); None matches a bare block and blocks at any depth."""
     col, row = ColwiseParallel(mesh_dim), RowwiseParallel(mesh_dim)
-    return {
-        f"{prefix}.attn.q": col,
-        f"{prefix}.attn.k": col,
-        f"{prefix}.attn.v": col,
-        f"{prefix}.attn.proj": row,
-        f"{prefix}.mlp.fc1": col,
-        f"{prefix}.mlp.fc2": row,
-    }
+    layers = {"attn.q": col, "attn.k": col, "attn.v": col, "attn.proj": row}
+    layers.update({"mlp.fc1": col, "mlp.fc2": row})
+    plan: dict[str, _Plan] = {}
+    for name, p in layers.items():
+        if prefix is None:
+            plan[name] = p
+            plan[f"*.{name}"] = p
+        else:
+            plan[f"{prefix}.{name}" if prefix else name] = p
+    return plan

@@ -53,11 +53,15 @@ def array_ufunc(ufunc, method, inputs, kwargs):
 
 
 def array_function(func, args, kwargs):
-    """``__array_function__``: numpy functions with a dt op of the same name use it."""
-    ours = _FUNCS.get(func.__name__)
+    """``__array_function__``: numpy functions with a dt op of the same name use it;
+    ``np.shape``/``np.ndim``/``np.size`` read the global metadata (no communication)."""
+    name = func.__name__
+    if name in ("shape", "ndim", "size") and len(args) == 1 and not kwargs:
+        return getattr(args[0], name)
+    ours = _FUNCS.get(name)
     if ours is not None:
         try:
             return ours(*args, **kwargs)
         except TypeError:
             pass  # numpy arguments we do not take (out=, dtype=, ...): the fallback is exact
-    return _fallback(func.__name__, func, args, kwargs)
+    return _fallback(name, func, args, kwargs)
