@@ -217,6 +217,8 @@ def _add(a, b):
 
 
 def _run(root, grad, retain_graph: bool) -> None:
+    from .dispatch import memoized_reshards
+
     if root._node is None:  # a leaf: its own gradient
         _finish_leaf(root, grad)
         return
@@ -254,7 +256,8 @@ def _run(root, grad, retain_graph: bool) -> None:
             outs.append(g)
         if any(g is not None for g in outs):
             outs = [g if g is not None else _zeros(spec) for g, spec in zip(outs, node.out_specs)]
-            in_grads = node.backward(tuple(outs))
+            with memoized_reshards():
+                in_grads = node.backward(tuple(outs))
         else:
             in_grads = (None,) * len(node.inputs)
         if not retain_graph:

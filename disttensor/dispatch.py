@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -53,6 +54,31 @@ class Op:
 
     def __call__(self, *args: Any, **attrs: Any) -> Any:
         return apply(self, args, attrs)
+
+
+class _Memo(threading.local):
+    """Reshards to reuse while ``table`` is a dict (autograd sets one around each gradient
+    function: a gradient is often resharded the same way for several of its uses, e.g. both
+    gradients of a matmul, and nothing changes it in place meanwhile)."""
+
+    table: dict | None = None
+
+
+_memo = _Memo()
+
+
+def memoized_reshards():
+    """Context manager: inside it, an input resharded to the same spec twice moves once."""
+    return _MemoScope()
+
+
+class _MemoScope:
+    def __enter__(self) -> None:
+        self._prev = _memo.table
+        _memo.table = {}
+
+    def __exit__(self, *exc: Any) -> None:
+        _memo.table = self._prev
 
 
 _cache: dict[tuple, tuple] = {}
@@ -107,11 +133,21 @@ def apply(op: Op, args: tuple, attrs: dict) -> Any:
         for i, t in zip(pos, tensors):
             kargs[i] = t._local
     else:
+        memo = _memo.table
         for i, t, chain in zip(pos, tensors, moves):
+            if not chain:
+                kargs[i] = t._local
+                continue
+            hit = memo.get((id(t), chain[-1])) if memo is not None else None
+            if hit is not None and hit[0] is t:  # resharded the same way earlier: reuse
+                kargs[i] = hit[1]
+                continue
             local, spec = t._local, t._spec
             for step in chain:  # usually just the target; see _decide for bool Partials
                 local, spec = _reshard.execute(local, spec, step), step
             kargs[i] = local
+            if memo is not None:
+                memo[(id(t), chain[-1])] = (t, local)
     # 4. kernel
     if coord is None:
         result = _probe(op, kargs, pos, attrs, targets, out_placements)

@@ -193,7 +193,7 @@ def std(x, axis=None, ddof=0, keepdims=False):
 def logsumexp(x, axis=None, keepdims=False):
     """``log(sum(exp(x)))`` computed stably (shifted by the max)."""
     axis = _norm_axis(axis)
-    m = _resolved(max(x, axis, keepdims=True))  # used twice below: reduce its Partial once
+    m = _shift(x, axis)
     m = EW["where"](EW["isfinite"](m), m, np.zeros((), m.dtype))
     s = sum(EW["exp"](EW["subtract"](x, m)), axis, keepdims=True)
     if not keepdims:  # drop the size-1 axes: a max over them is a squeeze, and local
@@ -208,9 +208,16 @@ def _resolved(t):
     return reshard(t, t.mesh, [Replicate() if p.is_partial() else p for p in t.placements])
 
 
+def _shift(x, axis):
+    """The max along ``axis`` (kept), Partial reduced once (it is used twice), as a constant:
+    the result does not depend on the shift, so no gradient flows through it."""
+    m = _resolved(max(x, axis, keepdims=True))
+    return m.detach() if isinstance(m, DistTensor) else m
+
+
 def softmax(x, axis=-1):
     """``exp(x) / sum(exp(x))`` along ``axis``, shifted by the max for stability."""
-    e = EW["exp"](EW["subtract"](x, max(x, axis, keepdims=True)))
+    e = EW["exp"](EW["subtract"](x, _shift(x, axis)))
     return EW["divide"](e, sum(e, axis, keepdims=True))
 
 

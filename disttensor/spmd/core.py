@@ -18,6 +18,12 @@ Note [Partial through ops]
       separately, so exactly one input Partial(t), the others Replicate -> Partial(t).
     * ops may add their own patterns (max of a Partial(max) is Partial(max)).
     Anything else reshards Partial inputs first.
+    A Partial is passed through only where that costs no communication: every other input is
+    already Replicate (or the same Partial). Gathering another operand to keep a Partial only
+    postpones its reduction, and the Partial then makes every later op gather again (a
+    gradient kept Partial through a row-parallel layer's backward would gather the weight and
+    then every head-split activation of the attention). So a Partial meets a split operand
+    with one reduction, as Megatron's blocks do.
 
 >>> from disttensor.placement import Shard, Replicate
 >>> rule = einsum("ij,jk->ik")
@@ -205,11 +211,16 @@ def solve(
         kinds = {p.reduce_type for p in cur if isinstance(p, Partial)}
         for t in sorted(kinds & {"sum", "avg"}):
             if linearity == "linear":
-                cands.append(((Partial(t),) * len(specs), Partial(t)))
+                req = (Partial(t),) * len(specs)
+                if all(a == r or a.is_replicate() for a, r in zip(cur, req)):
+                    cands.append((req, Partial(t)))
             elif linearity == "multilinear":
                 for i in linear_in if linear_in is not None else range(len(specs)):
                     req = tuple(Partial(t) if j == i else _R for j in range(len(specs)))
-                    cands.append((req, Partial(t)))
+                    if cur[i] == req[i] and all(
+                        a.is_replicate() for j, a in enumerate(cur) if j != i
+                    ):
+                        cands.append((req, Partial(t)))
         cands.extend(partial_patterns)
         sizes = [_local_bytes(s, mesh_shape, m) for s in specs]
         inner = [_inner_cost(s, mesh_shape, m) for s in specs]
