@@ -1,0 +1,164 @@
+"""Helpers shared by the training demos: rank-0 output, mesh and dtype options, the self-check.
+
+Every demo trains a model sharded over the mesh, then trains the same model again on a
+one-rank mesh of its own rank (the single-process program, no communication) and compares
+losses, gradients and parameters with ``check``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Iterable
+
+import numpy as np
+
+import disttensor as dt
+
+# relative agreement a sharded run must reach with the single-process run
+TOLERANCE = {"float64": 1e-9, "float32": 1e-5}
+
+
+def say(text: str = "") -> None:
+    """Print on rank 0 only."""
+    if dt.get_rank() == 0:
+        print(text, flush=True)
+
+
+def _positive(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"needs at least 1, got {n}")
+    return n
+
+
+def options(doc: str, steps: int, mesh: bool = True) -> argparse.ArgumentParser:
+    """The common command line: --dtype, --steps, and (for 2-D demos) --mesh DPxMP."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--dtype", choices=sorted(TOLERANCE, reverse=True), default="float64")
+    p.add_argument("--steps", type=_positive, default=steps, help=f"default {steps}")
+    if mesh:
+        p.add_argument("--mesh", default=None, help="DPxMP, e.g. 2x2 (default: from the world)")
+    # hidden: add 1e-3 to one rank's shard of one parameter, to see the self-check fail
+    p.add_argument("--perturb", action="store_true", help=argparse.SUPPRESS)
+    return p
+
+
+def fail(message: str, code: int = 2) -> None:
+    """Exit every rank with ``code``; rank 0 prints ``message`` (every rank must call this)."""
+    if dt.get_rank() == 0:
+        print(message, file=sys.stderr, flush=True)
+    raise SystemExit(code)
+
+
+def mesh_2d(text: str | None) -> dt.ProcessMesh:
+    """A (dp, mp) mesh of every rank: ``text`` "DPxMP", or 4 ranks -> 2x2, 2 -> 1x2, 1 -> 1x1
+    (mp is 2 when the world size is even)."""
+    world = dt.get_world_size()
+    if text is None:
+        mp = 2 if world % 2 == 0 else 1
+        shape = (world // mp, mp)
+    else:
+        try:
+            shape = tuple(int(n) for n in text.lower().split("x"))
+        except ValueError:
+            shape = ()
+        if len(shape) != 2 or min(shape) < 1:
+            fail(f"--mesh must look like 2x2 (dp x mp), got {text!r}")
+        if shape[0] * shape[1] != world:
+            fail(f"--mesh {text} needs {shape[0] * shape[1]} ranks, this run has {world}")
+    return dt.init_mesh(shape, dim_names=["dp", "mp"])
+
+
+def single_mesh() -> dt.ProcessMesh:
+    """A mesh of this rank alone: ops on it run the single-process program, no communication."""
+    return dt.ProcessMesh([dt.get_rank()])
+
+
+def progress(step: int, steps: int, loss: float, seconds: float) -> None:
+    """The rank-0 line of one training step."""
+    width = len(str(steps))
+    say(f"step {step:>{width}}/{steps}  loss {loss:.6f}  {seconds * 1e3:7.1f} ms")
+
+
+def collectives(**phases: dt.CommCounter) -> str:
+    """The counters of one step's phases as "forward 1 all_reduce | backward none | ..."."""
+
+    def one(cc: dt.CommCounter) -> str:
+        return ", ".join(f"{n} {kind}" for kind, n in sorted(cc.counts.items())) or "none"
+
+    return " | ".join(f"{phase} {one(cc)}" for phase, cc in phases.items())
+
+
+class Stopwatch:
+    """``with Stopwatch() as t: ...``; ``t.seconds`` afterwards."""
+
+    def __enter__(self) -> Stopwatch:
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.seconds = time.perf_counter() - self.start
+
+
+def grads(named: Iterable[tuple[str, dt.DistTensor]]) -> dict[str, np.ndarray]:
+    """Global gradients by parameter name (collective: a Partial gradient is reduced)."""
+    return {name: p.grad.numpy() for name, p in named}
+
+
+def params(named: Iterable[tuple[str, dt.DistTensor]]) -> dict[str, np.ndarray]:
+    """Global parameter values by name (collective)."""
+    return {name: p.numpy() for name, p in named}
+
+
+def rel_diff(got, want, floor: float = 0.0) -> float:
+    """max |got - want| / max(max |want|, floor): one number for a whole tensor."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    if got.shape != want.shape:
+        return float("inf")
+    scale = max(float(np.abs(want).max(initial=0.0)), floor) or 1.0
+    return float(np.abs(got - want).max(initial=0.0)) / scale
+
+
+def check(sharded: dict, single: dict, dtype: str) -> float:
+    """Compare the sharded run with the single-process run and stop the demo on a mismatch.
+
+    ``sharded``/``single`` map a group ("losses", "gradients", "parameters") to a dict of
+    name -> array. Each tensor is compared relative to its largest value, but at least 1% of
+    the group's largest value: a gradient that is zero in exact arithmetic (attention's key
+    bias: softmax ignores a constant added to a row) is rounding noise in both runs.
+
+    Every rank computes the differences, then all agree on the worst one (one small
+    all-gather), so every rank exits the same way: 1 with a message on rank 0 if a difference
+    exceeds the dtype's tolerance, else the worst difference is returned.
+    """
+    tol = TOLERANCE[dtype]
+    diffs = {}
+    for group, values in single.items():
+        floor = 1e-2 * max((float(np.abs(v).max(initial=0.0)) for v in values.values()), default=0)
+        for name, want in values.items():
+            diffs[group, name] = rel_diff(sharded[group][name], want, floor)
+    bad = sorted((d, key) for key, d in diffs.items() if not d <= tol)
+    worst = max(diffs.values(), default=0.0)
+    everyone = dt.comm.world().allgather_object((worst, bad))
+    worst = max(w for w, _ in everyone)
+    bad = max((b for _, b in everyone), key=len)
+    if bad:
+        lines = [f"  {group} {name}: rel diff {d:.3g}" for d, (group, name) in bad[::-1]]
+        fail(
+            f"MISMATCH: the sharded run differs from the single process (max rel diff "
+            f"{worst:.3g} > tolerance {tol:g} for {dtype}):\n" + "\n".join(lines[:10]),
+            code=1,
+        )
+    return worst
+
+
+def ok(worst: float, dtype: str) -> None:
+    say(f"OK: matches single process (max rel diff {worst:.2g}, tolerance {TOLERANCE[dtype]:g})")
+
+
+def perturb(p: dt.DistTensor) -> None:
+    """Add 1e-3 to the last rank's local shard of ``p`` (for the failing self-check test)."""
+    if dt.get_rank() == dt.get_world_size() - 1:
+        p.to_local()[...] += 1e-3
