@@ -54,10 +54,8 @@ class DistTensor:
 
     def requires_grad_(self, requires_grad: bool = True) -> DistTensor:
         """Set ``requires_grad`` in place; returns ``self``."""
-        if requires_grad and self._spec.dtype.kind not in "fc":
-            raise TypeError(
-                f"requires_grad: only floating tensors can have gradients, got {self.dtype}"
-            )
+        if requires_grad:
+            _check_grad_dtype(self._spec.dtype)
         self.requires_grad = requires_grad
         return self
 
@@ -367,6 +365,14 @@ class DistTensor:
         return self._scalar(lambda v: v.item())
 
 
+def _check_grad_dtype(dtype: np.dtype) -> None:
+    if dtype.kind not in "fc":
+        raise TypeError(
+            f"requires_grad: only floating tensors can have gradients, got dtype {dtype}; "
+            "make it with a float dtype (e.g. dtype=np.float32)"
+        )
+
+
 _OPS = None
 
 
@@ -449,6 +455,8 @@ def from_spec_block(block_fn, spec: DistSpec, requires_grad: bool = False) -> Di
 
     Only the local shard is made; Partial mesh dims are then set locally (no communication).
     """
+    if requires_grad:
+        _check_grad_dtype(spec.dtype)
     rank = comm.get_rank()
     coord = spec.mesh.get_coord(rank)
     plain = spec.replace(placements=[Replicate() if p.is_partial() else p for p in spec.placements])
@@ -488,6 +496,8 @@ def shard_tensor(
         if dtype is not None and np.dtype(dtype) != out.dtype:
             out = DistTensor(out.to_local().astype(dtype), out.spec.replace(dtype=np.dtype(dtype)))
         if out.is_leaf:
+            if requires_grad:
+                _check_grad_dtype(out.dtype)
             out.requires_grad = requires_grad or data.requires_grad
         return out
     try:

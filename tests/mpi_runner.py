@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 import time
 
+import grad_cases
 import numpy as np
 import op_cases
 import spmd_cases as cases
@@ -29,7 +30,9 @@ ARGS = {
 
 def main(names: list[str]) -> None:
     world, rank = dt.get_world_size(), dt.get_rank()
-    every = cases.ALL + [f for n, f in vars(op_cases).items() if n.startswith("case_")]
+    every = cases.ALL + [
+        f for m in (op_cases, grad_cases) for n, f in vars(m).items() if n.startswith("case_")
+    ]
     chosen = [c for c in every if not names or c.__name__ in names]
     for case in chosen:
         t = time.perf_counter()

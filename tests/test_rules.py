@@ -12,7 +12,7 @@ import pytest
 from op_cases import PAVG, PMAX, PSUM, S0, S1, R, assert_close, make_input, mesh_of
 
 import disttensor as dt
-from disttensor import dispatch
+from disttensor import autograd, dispatch
 from disttensor.dispatch import Op
 from disttensor.ops import elementwise, linalg, reduction
 from disttensor.spmd import TensorSpec, core, get_rule, infer_forward, registered_ops, rules
@@ -236,8 +236,15 @@ FAMILIES = (elementwise, linalg, reduction)  # shape and nn ops have their own t
 # Public ops without a kernel and rule of their own, by design: composites written with the
 # primitives, whose rules decide (so no rule of theirs can disagree with their kernels).
 # softmax/log_softmax also have a rule in spmd/nn_rules.py, for nn's own kernels.
-# A gradient column joins this table with the autograd issue.
 COMPOSITE = {"var", "std", "logsumexp", "softmax", "log_softmax"}
+# The gradient column: every op with a rule has a gradient (autograd.GRADIENTS, tested by
+# tests/test_grad.py) or is a constant for autograd (autograd.NOT_DIFFERENTIABLE), except:
+NO_GRADIENT_BY_DESIGN = {
+    # rules without an Op that uses them (dt.softmax/log_softmax are composites, whose
+    # primitives have gradients); a fused kernel taking them needs a gradient with it
+    "softmax",
+    "log_softmax",
+}
 
 
 def test_public_ops_have_a_kernel_and_a_rule():
@@ -249,6 +256,16 @@ def test_public_ops_have_a_kernel_and_a_rule():
     assert public - kernel == COMPOSITE
     assert kernel - rule == set()
     assert set(val.known_ops()) == public  # the validator has examples for every one
+
+
+def test_every_rule_op_has_a_gradient_or_is_a_constant():
+    ops = set(registered_ops())
+    both = set(autograd.GRADIENTS) & autograd.NOT_DIFFERENTIABLE
+    assert not both, f"both a gradient and not differentiable: {sorted(both)}"
+    missing = ops - set(autograd.GRADIENTS) - autograd.NOT_DIFFERENTIABLE - NO_GRADIENT_BY_DESIGN
+    assert not missing, f"ops with a rule but no gradient: {sorted(missing)}"
+    stale = NO_GRADIENT_BY_DESIGN & (set(autograd.GRADIENTS) | autograd.NOT_DIFFERENTIABLE)
+    assert not stale, f"remove from NO_GRADIENT_BY_DESIGN: {sorted(stale)}"
 
 
 # -- the validator -------------------------------------------------------------------------

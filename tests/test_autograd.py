@@ -1,0 +1,352 @@
+"""The autograd tape (disttensor/autograd.py): accumulation, graph reuse and freeing, no_grad
+and enable_grad, detach, explicit output gradients, hooks, unsupported ops, differentiable
+reshard and multi-output ops. Each test runs on simulated ranks; the gradients of the op
+set themselves are tests/test_grad.py's grid."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from op_cases import make_input
+
+import disttensor as dt
+
+S0, S1, R, P = dt.Shard(0), dt.Shard(1), dt.Replicate(), dt.Partial()
+RNG = np.random.default_rng(50)
+A = RNG.normal(size=(5, 3))  # uneven on 2 ranks
+COT = RNG.normal(size=(5, 3))
+
+
+def on(mesh_shape, fn):
+    """``fn(mesh)`` on simulated ranks of a mesh of that shape; rank 0's result."""
+    n = math.prod(mesh_shape)
+    return dt.simulate(n, lambda: fn(dt.ProcessMesh(np.arange(n).reshape(mesh_shape))))[0]
+
+
+def leaf(mesh, value=A, placements=(S0,)):
+    return dt.shard_tensor(value, mesh, list(placements), requires_grad=True)
+
+
+# -- accumulation --------------------------------------------------------------------------------
+def test_gradients_accumulate_across_backward_calls():
+    def body(mesh):
+        x = leaf(mesh)
+        (x * COT).sum().backward()
+        first = x.grad.numpy()
+        (dt.sin(x) * COT).sum().backward()
+        return first, x.grad.numpy()
+
+    first, second = on((2,), body)
+    np.testing.assert_allclose(first, COT)
+    np.testing.assert_allclose(second, COT + np.cos(A) * COT)
+
+
+def test_a_tensor_used_twice_gets_both_contributions():
+    def body(mesh):
+        x = leaf(mesh)
+        y = dt.exp(x)
+        ((y * y + y * x) * COT).sum().backward()  # x and y each used twice
+        return x.grad.numpy()
+
+    e = np.exp(A)
+    np.testing.assert_allclose(on((2,), body), (2 * e * e + e * A + e) * COT)
+
+
+def test_the_same_input_twice_in_one_op():
+    def body(mesh):
+        x = leaf(mesh)
+        (dt.multiply(x, x) * COT).sum().backward()
+        return x.grad.numpy()
+
+    np.testing.assert_allclose(on((2,), body), 2 * A * COT)
+
+
+# -- recording on and off ------------------------------------------------------------------------
+def test_no_grad_records_nothing():
+    def body(mesh):
+        x = leaf(mesh)
+        with dt.no_grad():
+            assert not dt.is_grad_enabled()
+            y = x * 2
+        assert dt.is_grad_enabled()
+        assert not y.requires_grad and y.is_leaf and y.grad_fn is None
+        with pytest.raises(RuntimeError, match="does not require a gradient"):
+            y.sum().backward()
+
+        @dt.no_grad()
+        def double(t):
+            return t * 2
+
+        assert not double(x).requires_grad and dt.is_grad_enabled()
+        assert x.grad is None
+
+    on((2,), body)
+
+
+def test_enable_grad_inside_no_grad():
+    def body(mesh):
+        x = leaf(mesh)
+        with dt.no_grad():
+            with dt.enable_grad():
+                y = x * 3
+            z = y * 2  # not recorded: y's gradient stops here
+        assert y.requires_grad and not y.is_leaf and not z.requires_grad
+        (y * COT).sum().backward()
+        return x.grad.numpy()
+
+    np.testing.assert_allclose(on((2,), body), 3 * COT)
+
+
+def test_detach_cuts_the_graph():
+    def body(mesh):
+        x = leaf(mesh)
+        d = x.detach()
+        assert not d.requires_grad and d.is_leaf and d.placements == x.placements
+        assert np.array_equal(d.to_local(), x.to_local())
+        (x * d * COT).sum().backward()  # d is a constant: the gradient is d, not 2x
+        return x.grad.numpy()
+
+    np.testing.assert_allclose(on((2,), body), A * COT)
+
+
+def test_integer_results_are_constants():
+    def body(mesh):
+        x = leaf(mesh)
+        assert not x.astype(np.int64).requires_grad
+        assert not (x > 0).requires_grad and not dt.argmax(x, 0).requires_grad
+        assert not dt.floor(x).requires_grad  # autograd.NOT_DIFFERENTIABLE
+
+    on((2,), body)
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.bool_])
+def test_requires_grad_on_a_non_float_tensor_raises(dtype):
+    def body(mesh):
+        x = dt.shard_tensor(np.ones((4, 2), dtype), mesh, [S0])
+        with pytest.raises(TypeError, match="only floating tensors"):
+            x.requires_grad_()
+        assert x.requires_grad_(False) is x and not x.requires_grad
+
+    on((2,), body)
+
+
+@pytest.mark.parametrize("make", ["shard_tensor", "zeros"])
+def test_creating_a_non_float_tensor_that_requires_grad_raises(make):
+    def body(mesh):
+        with pytest.raises(TypeError, match="floating"):
+            if make == "zeros":
+                dt.zeros((4,), np.int64, mesh=mesh, placements=[S0], requires_grad=True)
+            else:
+                dt.shard_tensor(np.arange(4), mesh, [S0], requires_grad=True)
+
+    on((2,), body)
+
+
+# -- backward's arguments ------------------------------------------------------------------------
+def test_backward_of_a_non_scalar_needs_a_gradient():
+    def body(mesh):
+        y = leaf(mesh) * 2
+        with pytest.raises(RuntimeError, match=r"shape \(5, 3\) needs an explicit gradient"):
+            y.backward()
+        with pytest.raises(ValueError, match="grad has shape"):
+            y.backward(grad=np.ones((3, 5)))
+
+    on((2,), body)
+
+
+@pytest.mark.parametrize("kind", ["DistTensor", "ndarray"])
+def test_backward_with_an_explicit_gradient(kind):
+    def body(mesh):
+        x = leaf(mesh)
+        y = dt.tanh(x)
+        if kind == "ndarray":
+            y.backward(grad=COT)
+        else:  # laid out unlike y, and Partial: its global value is what counts
+            y.backward(
+                grad=dt.shard_tensor(COT, mesh, [S1]) * 0.5 + dt.shard_tensor(COT * 0.5, mesh, [P])
+            )
+        return x.grad.numpy()
+
+    np.testing.assert_allclose(on((2,), body), (1 - np.tanh(A) ** 2) * COT)
+
+
+def test_backward_of_a_one_element_tensor_defaults_to_one():
+    def body(mesh):
+        x = leaf(mesh)
+        dt.reshape(x.sum(), (1, 1)).backward()
+        return x.grad.numpy()
+
+    np.testing.assert_allclose(on((2,), body), np.ones_like(A))
+
+
+def test_backward_on_a_leaf_sets_its_gradient():
+    def body(mesh):
+        x = leaf(mesh)
+        x.backward(grad=COT)
+        return x.grad.numpy()
+
+    np.testing.assert_allclose(on((2,), body), COT)
+
+
+def test_retain_graph_allows_a_second_backward():
+    def body(mesh):
+        x = leaf(mesh)
+        loss = (dt.exp(x) * COT).sum()
+        loss.backward(retain_graph=True)
+        loss.backward()
+        got = x.grad.numpy()
+        with pytest.raises(RuntimeError, match="second time"):
+            loss.backward()
+        return got
+
+    np.testing.assert_allclose(on((2,), body), 2 * np.exp(A) * COT)
+
+
+def test_a_second_backward_through_a_freed_graph_raises():
+    def body(mesh):
+        x = leaf(mesh)
+        y = dt.exp(x)
+        (y * COT).sum().backward()
+        with pytest.raises(RuntimeError, match="retain_graph=True"):
+            (y * 2).sum().backward()  # shares y's freed node
+
+    on((2,), body)
+
+
+# -- hooks ---------------------------------------------------------------------------------------
+def test_hook_on_a_leaf_replaces_its_gradient():
+    def body(mesh):
+        x = leaf(mesh)
+        seen = []
+
+        def hook(g):
+            seen.append(g.numpy())
+            return g * 2
+
+        remove = x.register_hook(hook)
+        (x * COT).sum().backward()
+        first = x.grad.numpy()
+        remove()
+        (x * COT).sum().backward()
+        return seen, first, x.grad.numpy()
+
+    seen, first, second = on((2,), body)
+    assert len(seen) == 1
+    np.testing.assert_allclose(seen[0], COT)
+    np.testing.assert_allclose(first, 2 * COT)
+    np.testing.assert_allclose(second, 3 * COT)
+
+
+def test_hook_on_a_non_leaf_replaces_the_gradient_flowing_back():
+    def body(mesh):
+        x = leaf(mesh)
+        y = x * 3
+        seen = []
+        y.register_hook(lambda g: seen.append(g.numpy()))  # None: keeps the gradient
+        y.register_hook(lambda g: g + 1)
+        ((y + y) * COT).sum().backward()  # the hooks see y's whole gradient, once
+        return seen, x.grad.numpy(), y.grad
+
+    seen, got, ygrad = on((2,), body)
+    assert len(seen) == 1
+    np.testing.assert_allclose(seen[0], 2 * COT)
+    np.testing.assert_allclose(got, 3 * (2 * COT + 1))
+    assert ygrad is None  # only leaves keep .grad
+
+
+def test_register_hook_needs_a_gradient():
+    def body(mesh):
+        with pytest.raises(RuntimeError, match="does not require a gradient"):
+            dt.shard_tensor(A, mesh, [S0]).register_hook(lambda g: g)
+
+    on((2,), body)
+
+
+def test_post_accumulate_grad_hook_runs_once_per_backward_after_the_update():
+    def body(mesh):
+        x = leaf(mesh)
+        calls = []
+        x.register_post_accumulate_grad_hook(lambda t: calls.append(t.grad.numpy()))
+        (x * x * COT + x).sum().backward()  # x reaches the loss along three paths
+        (x * COT).sum().backward()
+        with pytest.raises(RuntimeError, match="only leaf tensors"):
+            (x * 2).register_post_accumulate_grad_hook(print)
+        return calls
+
+    calls = on((2,), body)
+    assert len(calls) == 2
+    np.testing.assert_allclose(calls[0], 2 * A * COT + 1)
+    np.testing.assert_allclose(calls[1], 2 * A * COT + 1 + COT)
+
+
+# -- unsupported ops -----------------------------------------------------------------------------
+def test_a_replicate_fallback_op_has_no_gradient():
+    def body(mesh):
+        x = leaf(mesh)
+        y = np.cumsum(x, axis=0)  # no dt op: the replicate fallback
+        assert isinstance(y, dt.DistTensor) and y.requires_grad
+        np.testing.assert_allclose(y.numpy(), np.cumsum(A, axis=0))
+        with pytest.raises(NotImplementedError, match=r"cumsum.*no gradient.*dt\.no_grad"):
+            (y * COT).sum().backward()
+
+    on((2,), body)
+
+
+# -- reshard -------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "mesh_shape,src,dst",
+    [
+        ((2,), [S0], [S1]),
+        ((2,), [S0], [R]),
+        ((2,), [R], [P]),
+        ((2,), [P], [S0]),
+        ((3,), [P], [R]),
+        ((2, 2), [S0, S1], [S1, R]),
+        ((2, 2), [P, S1], [R, S0]),
+        ((2, 2), [S1, P], [P, P]),
+    ],
+    ids=str,
+)
+def test_reshard_sends_the_gradient_back_to_the_source_placements(mesh_shape, src, dst):
+    """Partial source dims read as Replicate (Note [Partial gradients])."""
+
+    def body(mesh):
+        x = make_input(A, mesh, src).requires_grad_()  # Partials: asymmetric splits
+        y = dt.reshard(x, mesh, dst)
+        assert y.placements == dst and not y.is_leaf
+        (dt.sin(y) * COT).sum().backward()
+        return x.grad.placements, x.grad.numpy()
+
+    pls, got = on(mesh_shape, body)
+    assert pls == [R if p.is_partial() else p for p in src]
+    np.testing.assert_allclose(got, np.cos(A) * COT)
+
+
+def test_reshard_between_meshes_is_differentiable():
+    def body():
+        a, b = dt.ProcessMesh([0, 1]), dt.ProcessMesh([2, 3])
+        x = dt.shard_tensor(A, a, [S0], requires_grad=True)
+        y = dt.reshard(x, b, [S1])
+        (dt.sin(y) * COT).sum().backward()
+        if dt.get_rank() in a:
+            return x.grad.mesh == a, x.grad.placements, x.grad.numpy()
+        return None
+
+    same_mesh, pls, got = dt.simulate(4, body)[0]
+    assert same_mesh and pls == [S0]
+    np.testing.assert_allclose(got, np.cos(A) * COT)
+
+
+# -- multi-output ops ----------------------------------------------------------------------------
+def test_split_with_only_one_output_used():
+    def body(mesh):
+        x = leaf(mesh, placements=(S1,))
+        pieces = dt.split(x, [1, 4], 0)
+        (pieces[1] * COT[1:4]).sum().backward()
+        return x.grad.numpy()
+
+    want = np.zeros_like(A)
+    want[1:4] = COT[1:4]
+    np.testing.assert_allclose(on((2,), body), want)
