@@ -60,3 +60,11 @@ def test_dispatch_benchmark_runs():
     code, out = run(2, ["bench/dispatch.py", "--quick"], timeout=120)
     assert code == 0, out
     assert "matmul" in out, out
+
+
+@pytest.mark.mpi
+def test_train_step_benchmark_runs():
+    """bench/train_step.py --quick checks that its three variants agree; no timing asserted."""
+    code, out = run(2, ["bench/train_step.py", "--quick"], timeout=120)
+    assert code == 0, out
+    assert "speed-up" in out, out
