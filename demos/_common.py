@@ -102,6 +102,34 @@ class Stopwatch:
         self.seconds = time.perf_counter() - self.start
 
 
+def fit(opt, batches, loss_of, named, steps: int, show: bool = False) -> dict:
+    """The training loop of every demo: per batch, ``loss_of(batch)`` (forward), backward and
+    ``opt.step()``, timed and with each phase's collectives counted; rank 0 prints a line per
+    step when ``show``. ``named()`` gives the (name, parameter) pairs at the end. Returns
+    what ``check`` compares: losses, the last step's gradients, the final parameters."""
+    losses = []
+    for step, batch in enumerate(batches, 1):
+        opt.zero_grad()
+        with Stopwatch() as t:
+            with dt.CommCounter() as fwd:
+                loss = loss_of(batch)
+            with dt.CommCounter() as bwd:
+                loss.backward()
+            with dt.CommCounter() as upd:
+                opt.step()
+            losses.append(float(loss))
+        if show:
+            progress(step, steps, losses[-1], t.seconds)
+    if show:
+        say("collectives per step: " + collectives(forward=fwd, backward=bwd, optimizer=upd))
+    pairs = list(named())
+    return {
+        "losses": dict(enumerate(losses, 1)),
+        "gradients": grads(pairs),
+        "parameters": params(pairs),
+    }
+
+
 def grads(named: Iterable[tuple[str, dt.DistTensor]]) -> dict[str, np.ndarray]:
     """Global gradients by parameter name (collective: a Partial gradient is reduced)."""
     return {name: p.grad.numpy() for name, p in named}

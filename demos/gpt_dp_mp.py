@@ -15,17 +15,13 @@ from __future__ import annotations
 
 import numpy as np
 from _common import (
-    Stopwatch,
     check,
-    collectives,
     fail,
-    grads,
+    fit,
     mesh_2d,
     ok,
     options,
-    params,
     perturb,
-    progress,
     say,
     single_mesh,
 )
@@ -82,29 +78,13 @@ def train(mesh: dt.ProcessMesh, steps: int, dtype, show: bool = False, bad: bool
     # almost zero (1e-9, say) would move by ~lr with a size set by rounding, and a float32 run
     # would differ from itself under any other summation order by ~1e-3 after one step.
     opt = dt.optim.AdamW(model.parameters(), lr=1e-2, eps=1e-4, weight_decay=0.01)
-    batch = [dt.Shard(0), dt.Replicate()] if sharded else [dt.Replicate()]
-    losses = []
-    for step, (ids, labels) in enumerate(batches(steps), 1):
-        opt.zero_grad()
-        with Stopwatch() as t:
-            ids, labels = dt.shard_tensor(ids, mesh, batch), dt.shard_tensor(labels, mesh, batch)
-            with dt.CommCounter() as fwd:
-                loss = dt.cross_entropy(model(ids), labels)  # class axis split: vocab-parallel
-            with dt.CommCounter() as bwd:
-                loss.backward()
-            with dt.CommCounter() as upd:
-                opt.step()
-            losses.append(float(loss))
-        if show:
-            progress(step, steps, losses[-1], t.seconds)
-    if show:
-        say("collectives per step: " + collectives(forward=fwd, backward=bwd, optimizer=upd))
-    named = list(model.named_parameters())
-    return {
-        "losses": dict(enumerate(losses, 1)),
-        "gradients": grads(named),
-        "parameters": params(named),
-    }
+    placements = [dt.Shard(0), dt.Replicate()] if sharded else [dt.Replicate()]
+
+    def loss_of(batch):
+        ids, labels = (dt.shard_tensor(a, mesh, placements) for a in batch)
+        return dt.cross_entropy(model(ids), labels)  # class axis split: vocab-parallel
+
+    return fit(opt, batches(steps), loss_of, model.named_parameters, steps, show)
 
 
 def main() -> None:

@@ -12,16 +12,12 @@ from __future__ import annotations
 
 import numpy as np
 from _common import (
-    Stopwatch,
     check,
-    collectives,
-    grads,
+    fit,
     mesh_2d,
     ok,
     options,
-    params,
     perturb,
-    progress,
     say,
     single_mesh,
 )
@@ -64,29 +60,13 @@ def train(mesh: dt.ProcessMesh, steps: int, dtype, show: bool = False, bad: bool
     if bad:
         perturb(model.fc1.weight)
     opt = dt.optim.Adam(model.parameters(), lr=1e-2)
-    batch = [dt.Shard(0), dt.Replicate()] if sharded else [dt.Replicate()]
-    losses = []
-    for step, (x, y) in enumerate(batches(steps, dtype), 1):
-        opt.zero_grad()
-        with Stopwatch() as t:
-            x, y = dt.shard_tensor(x, mesh, batch), dt.shard_tensor(y, mesh, batch)
-            with dt.CommCounter() as fwd:
-                loss = dt.nn.MSELoss()(model(x), y)
-            with dt.CommCounter() as bwd:
-                loss.backward()
-            with dt.CommCounter() as upd:
-                opt.step()
-            losses.append(float(loss))
-        if show:
-            progress(step, steps, losses[-1], t.seconds)
-    if show:
-        say("collectives per step: " + collectives(forward=fwd, backward=bwd, optimizer=upd))
-    named = list(model.named_parameters())
-    return {
-        "losses": dict(enumerate(losses, 1)),
-        "gradients": grads(named),
-        "parameters": params(named),
-    }
+    placements = [dt.Shard(0), dt.Replicate()] if sharded else [dt.Replicate()]
+
+    def loss_of(batch):
+        x, y = (dt.shard_tensor(a, mesh, placements) for a in batch)
+        return dt.nn.MSELoss()(model(x), y)
+
+    return fit(opt, batches(steps, dtype), loss_of, model.named_parameters, steps, show)
 
 
 def main() -> None:

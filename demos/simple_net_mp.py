@@ -10,85 +10,12 @@ process must give the same losses, gradients and parameters.
 
 from __future__ import annotations
 
-import numpy as np
-from _common import (
-    Stopwatch,
-    check,
-    collectives,
-    grads,
-    ok,
-    options,
-    params,
-    perturb,
-    progress,
-    say,
-    single_mesh,
-)
+from _simple_net import main
 
 import disttensor as dt
 
-BATCH, IN, HIDDEN, OUT = 32, 16, 64, 8
-
-
-def weight(shape, seed: int, mesh, placement, dtype) -> dt.DistTensor:
-    """A weight drawn from N(0, 1/fan_in), placed as asked: the same values on every mesh."""
-    with dt.no_grad():
-        w = dt.randn(shape, dtype, seed=seed, mesh=mesh, placements=[placement])
-        w = w * (1 / np.sqrt(shape[0]))
-    return dt.nn.Parameter(w)
-
-
-def loss_fn(x, y, w0, w1):
-    h = dt.matmul(x, w0)  # matmul 1: column-split h, no communication
-    out = dt.matmul(h, w1)  # matmul 2: Partial(sum) output, no communication
-    return dt.mean(dt.square(dt.subtract(out, y)))  # MSE: subtract, square, mean
-
-
-def train(mesh: dt.ProcessMesh, steps: int, dtype, show: bool = False, bad: bool = False):
-    w0 = weight((IN, HIDDEN), 1, mesh, dt.Shard(1), dtype)  # column-parallel
-    w1 = weight((HIDDEN, OUT), 2, mesh, dt.Shard(0), dtype)  # row-parallel
-    if bad:
-        perturb(w0)
-    opt = dt.optim.SGD([w0, w1], lr=0.05)
-    rng = np.random.default_rng(0)  # the same batches on every rank
-    losses = []
-    for step in range(1, steps + 1):
-        x, y = rng.standard_normal((BATCH, IN)), rng.standard_normal((BATCH, OUT))
-        opt.zero_grad()
-        with Stopwatch() as t:
-            x = dt.shard_tensor(x.astype(dtype), mesh, [dt.Replicate()])
-            y = dt.shard_tensor(y.astype(dtype), mesh, [dt.Replicate()])
-            with dt.CommCounter() as fwd:
-                loss = loss_fn(x, y, w0, w1)
-            with dt.CommCounter() as bwd:
-                loss.backward()
-            with dt.CommCounter() as upd:
-                opt.step()
-            losses.append(float(loss))
-        if show:
-            progress(step, steps, losses[-1], t.seconds)
-    if show:
-        say("collectives per step: " + collectives(forward=fwd, backward=bwd, optimizer=upd))
-    named = [("w0", w0), ("w1", w1)]
-    return {
-        "losses": dict(enumerate(losses, 1)),
-        "gradients": grads(named),
-        "parameters": params(named),
-    }
-
-
-def main() -> None:
-    args = options(__doc__, steps=5, mesh=False).parse_args()
-    world = dt.get_world_size()
-    mesh = dt.ProcessMesh(list(range(world)), dim_names=["mp"])
-    say(
-        f"x({BATCH}, {IN}) @ w0({IN}, {HIDDEN}) @ w1({HIDDEN}, {OUT}), MSE loss, SGD, "
-        f"{args.dtype}\ntensor parallel on {world} rank(s): w0 split by columns, w1 by rows"
-    )
-    sharded = train(mesh, args.steps, np.dtype(args.dtype), show=True, bad=args.perturb)
-    single = train(single_mesh(), args.steps, np.dtype(args.dtype))
-    ok(check(sharded, single, args.dtype), args.dtype)
-
+# w0 split by columns (column-parallel), w1 by rows (row-parallel)
+PLACEMENTS = {"x": dt.Replicate(), "w0": dt.Shard(1), "w1": dt.Shard(0)}
 
 if __name__ == "__main__":
-    main()
+    main(__doc__, "mp", PLACEMENTS, "tensor parallel")

@@ -177,29 +177,6 @@ class Module:
         return lines[0] + ")" if len(lines) == 1 else "\n".join(lines) + "\n)"
 
 
-class Sequential(Module):
-    """Modules applied in order; indexable and iterable."""
-
-    def __init__(self, *layers: Module) -> None:
-        super().__init__()
-        for i, layer in enumerate(layers):
-            setattr(self, str(i), layer)
-
-    def forward(self, x: Any) -> Any:
-        for layer in self._modules.values():
-            x = layer(x)
-        return x
-
-    def __getitem__(self, i: int) -> Module:
-        return list(self._modules.values())[i]
-
-    def __len__(self) -> int:
-        return len(self._modules)
-
-    def __iter__(self) -> Iterator[Module]:
-        return iter(self._modules.values())
-
-
 class ModuleList(Module):
     """A list of modules whose parameters are registered (names "0", "1", ...)."""
 
@@ -219,3 +196,15 @@ class ModuleList(Module):
 
     def __iter__(self) -> Iterator[Module]:
         return iter(self._modules.values())
+
+
+class Sequential(ModuleList):
+    """Modules applied in order; indexable and iterable."""
+
+    def __init__(self, *layers: Module) -> None:
+        super().__init__(list(layers))
+
+    def forward(self, x: Any) -> Any:
+        for layer in self._modules.values():
+            x = layer(x)
+        return x

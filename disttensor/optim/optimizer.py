@@ -155,6 +155,7 @@ class Adam(Optimizer):
     (L2), as in PyTorch's Adam. For decoupled decay use AdamW."""
 
     decoupled = False
+    default_weight_decay = 0.0
 
     def __init__(
         self,
@@ -162,11 +163,12 @@ class Adam(Optimizer):
         lr: LR = 1e-3,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
-        weight_decay: float = 0.0,
+        weight_decay: float | None = None,
     ):
         super().__init__(params, lr)
         self.beta1, self.beta2 = betas
-        self.eps, self.weight_decay = eps, weight_decay
+        self.eps = eps
+        self.weight_decay = self.default_weight_decay if weight_decay is None else weight_decay
 
     def update(self, p, w, g, lr):
         if self.weight_decay and not self.decoupled:
@@ -184,16 +186,8 @@ class Adam(Optimizer):
 
 
 class AdamW(Adam):
-    """Adam with decoupled weight decay (Loshchilov and Hutter): ``w *= 1 - lr * wd``."""
+    """Adam with decoupled weight decay (Loshchilov and Hutter): ``w *= 1 - lr * wd``;
+    ``weight_decay`` defaults to 0.01."""
 
     decoupled = True
-
-    def __init__(
-        self,
-        params: Iterable[DistTensor],
-        lr: LR = 1e-3,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-        weight_decay: float = 0.01,
-    ):
-        super().__init__(params, lr, betas, eps, weight_decay)
+    default_weight_decay = 0.01
