@@ -117,7 +117,8 @@ class Node:
 
     def __init__(self, name: str, backward, inputs: tuple, out_specs: tuple) -> None:
         self.name = name
-        self.backward = backward  # grads of the outputs (tuple) -> one gradient per input
+        self.backward = backward  # grads of the outputs (tuple) -> one gradient per input;
+        # None: the op has no gradient; _FREED: freed by an earlier backward
         self.inputs = inputs  # per input: the DistTensor if it requires a gradient, else None
         self.out_specs = out_specs
         self.hooks: dict[int, list] | None = None  # output index -> tensor hooks
@@ -156,16 +157,15 @@ def record_op(
     if any(o._spec.dtype.kind not in "fc" for o in outs):  # integer/bool results: constants
         return
     needs = tuple(bool(getattr(a, "requires_grad", False)) for a in args)
-    saved = tuple(_detached(o) for o in outs) if isinstance(out, tuple) else _detached(out)
+    multi = isinstance(out, tuple)
+    saved = tuple(_detached(o) for o in outs) if multi else _detached(out)
     ctx = GradContext(args if saved_args is None else saved_args, attrs, saved, needs)
+    if fn is None:  # backward refuses before computing anything (see _run)
+        record(name, args, outs, None)
+        return
 
-    def backward(grads: tuple) -> Sequence[Any]:
-        if fn is None:
-            raise NotImplementedError(
-                f"{name} has no gradient in disttensor; compute it under dt.no_grad() or on "
-                "a detached input (x.detach()), or write it with differentiable dt ops"
-            )
-        return fn(ctx, grads if isinstance(out, tuple) else grads[0])
+    def backward(grads: tuple) -> Sequence[Any]:  # refers to nothing of the outputs: no cycle
+        return fn(ctx, grads if multi else grads[0])
 
     record(name, args, outs, backward)
 
@@ -222,16 +222,22 @@ def _run(root, grad, retain_graph: bool) -> None:
     if root._node is None:  # a leaf: its own gradient
         _finish_leaf(root, grad)
         return
+    handed = {id(grad)}  # gradient objects stored as some .grad (or the caller's own)
     # consumers per node output and per leaf, over the part of the graph reachable from root
     pending: dict[Any, int] = {}
     leaves: dict[int, Any] = {}
     stack, seen = [root._node[0]], {id(root._node[0])}
-    while stack:
+    while stack:  # every refusal comes before any gradient is computed or stored
         node = stack.pop()
-        if node.backward is None:
+        if node.backward is _FREED:
             raise RuntimeError(
                 f"backward through the graph a second time ({node!r} was freed); pass "
                 "retain_graph=True to the first backward"
+            )
+        if node.backward is None:
+            raise NotImplementedError(
+                f"{node.name} has no gradient in disttensor; compute it under dt.no_grad() "
+                "or on a detached input (x.detach()), or write it with differentiable dt ops"
             )
         for t in node.inputs:
             if t is None:
@@ -260,9 +266,10 @@ def _run(root, grad, retain_graph: bool) -> None:
                 in_grads = node.backward(tuple(outs))
         else:
             in_grads = (None,) * len(node.inputs)
-        if not retain_graph:
-            node.backward = None
-        for t, g in zip(node.inputs, in_grads):
+        inputs = node.inputs
+        if not retain_graph:  # free what the node holds: saved tensors and its inputs
+            node.backward, node.inputs = _FREED, (None,) * len(inputs)
+        for t, g in zip(inputs, in_grads):
             if t is None:
                 continue
             if g is not None:
@@ -272,7 +279,7 @@ def _run(root, grad, retain_graph: bool) -> None:
                     leaf_grads[id(t)] = _add(leaf_grads.get(id(t)), g)
                 pending[id(t)] -= 1
                 if pending[id(t)] == 0 and leaf_grads.get(id(t)) is not None:
-                    _finish_leaf(t, leaf_grads.pop(id(t)))
+                    _finish_leaf(t, leaf_grads.pop(id(t)), handed)
             else:
                 parent, i = t._node
                 if g is not None:
@@ -280,6 +287,10 @@ def _run(root, grad, retain_graph: bool) -> None:
                 pending[parent] -= 1
                 if pending[parent] == 0:
                     heapq.heappush(ready, parent)
+
+
+def _FREED(grads):  # a marker: the node's backward ran and its graph was released
+    raise AssertionError("unreachable: freed nodes are refused before backward runs")
 
 
 def _checked(g, t, node):
@@ -309,11 +320,20 @@ def _call_hooks(hooks: list, g):
     return g
 
 
-def _finish_leaf(t, g) -> None:
-    """The leaf's gradient of this backward is final: hooks, then accumulate into ``.grad``."""
+def _finish_leaf(t, g, handed: set | None = None) -> None:
+    """The leaf's gradient of this backward is final: hooks, then accumulate into ``.grad``.
+    A gradient object already stored elsewhere (``x + y`` gives both the same one; the
+    caller's own ``grad``) is copied, so no two ``.grad`` share memory."""
     if t._hooks:
         g = _call_hooks([h for h in t._hooks if not getattr(h, "_post", False)], g)
-    t.grad = g if t.grad is None else t.grad + g
+    if t.grad is not None:
+        t.grad = t.grad + g
+    else:
+        if handed is None or id(g) in handed:
+            g = type(g)(g._local.copy(), g._spec)
+        t.grad = g
+    if handed is not None:
+        handed.add(id(t.grad))
     if t._hooks:
         for h in t._hooks:
             if getattr(h, "_post", False):

@@ -169,12 +169,15 @@ def apply(op: Op, args: tuple, attrs: dict) -> Any:
 def _saved(args, pos, kargs, moves, targets, coord):
     """The arguments for the gradient: inputs that were resharded as the layout they were
     computed in (same global value), so backward does not pay for the same reshard again."""
-    if moves is None or coord is None:
+    if moves is None:
         return args
     saved = list(args)
     for i, chain, target in zip(pos, moves, targets):
-        if chain:
-            saved[i] = DistTensor(kargs[i], target)
+        if chain:  # the same specs on every rank (a rank outside the mesh holds nothing)
+            local = (
+                kargs[i] if coord is not None else np.empty(target.local_shape(None), target.dtype)
+            )
+            saved[i] = DistTensor(local, target)
     return tuple(saved)
 
 

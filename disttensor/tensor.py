@@ -487,14 +487,19 @@ def shard_tensor(
     """
     check_world(mesh, "shard_tensor")
     if isinstance(data, DistTensor):
-        if data.is_leaf:  # a leaf (a parameter, say) gives a new leaf
+        if data.is_leaf:  # a leaf (a parameter, say) gives a new leaf, with its own memory
             with autograd.no_grad():
                 out = reshard(data, mesh, placements)
-            out = out.detach() if out is data else out
+            if out is data:
+                out = DistTensor(data.to_local().copy(), data.spec)
         else:  # part of a graph: the reshard is recorded, gradients flow back
             out = reshard(data, mesh, placements)
         if dtype is not None and np.dtype(dtype) != out.dtype:
-            out = DistTensor(out.to_local().astype(dtype), out.spec.replace(dtype=np.dtype(dtype)))
+            if out.is_leaf:
+                spec = out.spec.replace(dtype=np.dtype(dtype))
+                out = DistTensor(out.to_local().astype(dtype), spec)
+            else:  # a recorded cast: the graph goes on
+                out = out.astype(dtype)
         if out.is_leaf:
             if requires_grad:
                 _check_grad_dtype(out.dtype)

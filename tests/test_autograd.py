@@ -350,3 +350,97 @@ def test_split_with_only_one_output_used():
     want = np.zeros_like(A)
     want[1:4] = COT[1:4]
     np.testing.assert_allclose(on((2,), body), want)
+
+
+# -- found in review: layouts off the mesh, memory, refusals, aliasing ----------------------------
+def test_pipeline_gradient_through_a_rank_outside_the_first_mesh():
+    """Gradient functions see the same (resharded) specs on every rank, also off the mesh, so a
+    backward that sends a gradient from one mesh to another plans the same transfers."""
+    w0 = np.arange(12.0).reshape(4, 3) / 10
+    v0 = np.arange(15.0).reshape(3, 5) / 10
+
+    def body():
+        a, b = dt.ProcessMesh([0]), dt.ProcessMesh([1, 2])
+        w = dt.shard_tensor(w0, a, [R], requires_grad=True)
+        h = dt.reshard(dt.tanh(w), b, [S1])
+        (h @ dt.shard_tensor(v0, b, [S1])).sum().backward()
+        return w.grad.numpy() if dt.get_rank() == 0 else None
+
+    want = (1 - np.tanh(w0) ** 2) * v0.sum(axis=1)
+    np.testing.assert_allclose(dt.simulate(3, body)[0], want, rtol=1e-12)
+
+
+def test_graph_memory_is_freed_without_the_cyclic_collector():
+    import gc
+    import weakref
+
+    def body(mesh):
+        x = leaf(mesh)
+        was = gc.isenabled()
+        gc.disable()
+        try:
+            h = dt.exp(x) * 2
+            ref = weakref.ref(h)
+            loss = h.sum()
+            del h
+            alive_before = ref() is not None  # the graph holds it
+            del loss  # a forward that is never backpropagated: freed by reference counts
+            freed_unused = ref() is None
+            h = dt.exp(x) * 2
+            ref = weakref.ref(h)
+            loss = h.sum()
+            del h
+            loss.backward()  # backward frees the graph while the loss lives on
+            freed_after_backward = ref() is None
+        finally:
+            if was:
+                gc.enable()
+        return alive_before, freed_unused, freed_after_backward
+
+    assert on((2,), body) == (True, True, True)
+
+
+def test_a_missing_gradient_refuses_before_any_gradient_is_stored():
+    def body(mesh):
+        x, w = leaf(mesh, placements=(R,)), leaf(mesh, placements=(R,))
+        loss = (np.sort(x, axis=0) * w).sum()  # sort: replicate fallback, no gradient
+        with pytest.raises(NotImplementedError, match="no gradient"):
+            loss.backward()
+        return w.grad is None and x.grad is None
+
+    assert on((2,), body)
+
+
+def test_leaf_gradients_never_share_memory():
+    def body(mesh):
+        x, y = leaf(mesh), leaf(mesh)
+        cot = dt.shard_tensor(COT, mesh, [S0])
+        (x + y).backward(cot)
+        return (
+            x.grad is not y.grad,
+            not np.shares_memory(x.grad.to_local(), y.grad.to_local()),
+            not np.shares_memory(x.grad.to_local(), cot.to_local()),
+        )
+
+    assert on((2,), body) == (True, True, True)
+
+
+def test_shard_tensor_of_a_graph_tensor_with_a_dtype_keeps_the_graph():
+    def body(mesh):
+        w = leaf(mesh)
+        y = dt.shard_tensor(w * 2, mesh, [R], dtype=np.float32)
+        (y * y).sum().backward()
+        return y.is_leaf, y.dtype, w.grad.numpy()
+
+    is_leaf, dtype, grad = on((2,), body)
+    assert not is_leaf and dtype == np.float32
+    np.testing.assert_allclose(grad, 8 * A, rtol=1e-6)
+
+
+def test_shard_tensor_of_a_leaf_has_its_own_memory():
+    def body(mesh):
+        w = leaf(mesh)
+        w2 = dt.shard_tensor(w, mesh, [S0])  # same placements: still a new leaf
+        return w2.is_leaf and w2.requires_grad, np.shares_memory(w.to_local(), w2.to_local())
+
+    assert on((2,), body) == (True, False)

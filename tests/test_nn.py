@@ -326,16 +326,62 @@ def test_zero_grad():
     assert all(p.grad is None for p in m.parameters())
 
 
-def test_non_leaf_parameter_raises():
+def test_only_parameters_register():
     m = dt.nn.Module()
     w = dt.nn.Parameter(dt.ones((2,), F64))
-    with pytest.raises(ValueError, match="leaf"):
+    m.h = w * 2  # an activation (e.g. cached in forward): a plain attribute
+    assert "h" not in m._parameters and m.h.requires_grad
+    m.x = dt.ones((2,), F64, requires_grad=True)  # a leaf input: not a parameter either
+    assert "x" not in m._parameters
+    m.w = w
+    assert m._parameters["w"] is w
+    with pytest.raises(ValueError, match="leaf"):  # replacing a parameter by a non-leaf
         m.w = w * 2
-    assert "w" not in m._parameters
-    m.w = (w * 2).detach()  # not requiring a gradient: a plain attribute
-    assert "w" not in m._parameters
+    m.w = dt.ones((2,), F64, requires_grad=True)  # a resharded copy (a shard_fn): registered
+    assert isinstance(m._parameters["w"], dt.nn.Parameter)
     with pytest.raises(TypeError):
         dt.nn.Parameter(np.ones(2))
+
+
+class _Tied(dt.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = dt.nn.Linear(3, 3, seed=0, dtype=F64)
+        self.b = dt.nn.Linear(3, 3, seed=1, dtype=F64)
+        self.b.weight = self.a.weight  # weight tying
+
+    def forward(self, x):
+        return self.b(dt.tanh(self.a(x)))
+
+
+def _tied_step(plan):
+    m = _Tied()
+    if plan is not None:
+        mesh = dt.init_mesh((2, 2), dim_names=["dp", "mp"])
+        dt.shard_layer(m, mesh, dt.nn.plan_shard_fn(plan))
+    opt = dt.optim.SGD(list(m.parameters()), lr=0.1)
+    (m(np.arange(6.0).reshape(2, 3) / 5) ** 2).sum().backward()
+    opt.step()
+    return len(opt.params), m.a.weight is m.b.weight, m.a.weight.numpy()
+
+
+@pytest.mark.parametrize(
+    "plan", [{}, {"a": dt.nn.ColwiseParallel("mp")}], ids=["replicate", "one-side-planned"]
+)
+def test_shard_layer_keeps_tied_parameters_tied(plan):
+    n, tied, value = dt.simulate(4, _tied_step, None)[0]
+    got = dt.simulate(4, _tied_step, plan)[0]
+    assert (n, tied) == (3, True) and got[:2] == (3, True)
+    np.testing.assert_allclose(got[2], value, rtol=1e-12)
+
+
+def test_shard_layer_refuses_a_tied_parameter_placed_two_ways():
+    def body():
+        plan = {"a": dt.nn.ColwiseParallel("mp"), "b": dt.nn.RowwiseParallel("mp")}
+        with pytest.raises(ValueError, match="placed two ways"):
+            _tied_step(plan)
+
+    dt.simulate(4, body)
 
 
 def test_forward_not_defined():

@@ -22,11 +22,19 @@ from .. import autograd
 from ..tensor import DistTensor, reshard, shard_tensor
 
 
-def Parameter(t: DistTensor) -> DistTensor:
-    """``t`` as a leaf that requires a gradient (the same shard, no copy)."""
-    if not isinstance(t, DistTensor):
-        raise TypeError(f"Parameter needs a DistTensor, got {type(t).__name__}")
-    return t.detach().requires_grad_()
+class Parameter(DistTensor):
+    """A leaf DistTensor that requires a gradient and that a Module registers when it is
+    assigned to an attribute. ``Parameter(t)`` shares ``t``'s shard (no copy)."""
+
+    __slots__ = ()
+
+    def __init__(self, data: Any, spec: Any = None, requires_grad: bool = True) -> None:
+        if spec is None:  # Parameter(t)
+            if not isinstance(data, DistTensor):
+                raise TypeError(f"Parameter needs a DistTensor, got {type(data).__name__}")
+            data, spec = data.to_local(), data.spec
+        super().__init__(data, spec)
+        self.requires_grad_(requires_grad)
 
 
 class Module:
@@ -43,14 +51,17 @@ class Module:
         if "_parameters" not in self.__dict__:
             raise AttributeError(f"call Module.__init__() in {type(self).__name__}.__init__ first")
         params, modules = self._parameters, self._modules
+        if name in params and isinstance(value, DistTensor) and not isinstance(value, Parameter):
+            # a parameter replaced by a resharded copy (a shard_fn's dt.shard_tensor(...))
+            if not (value.is_leaf and value.requires_grad):
+                raise ValueError(
+                    f"{type(self).__name__}.{name}: a parameter must be a leaf that requires "
+                    "a gradient; use dt.nn.Parameter(t) to make one"
+                )
+            value = Parameter(value)
         params.pop(name, None)
         modules.pop(name, None)
-        if isinstance(value, DistTensor) and value.requires_grad:
-            if not value.is_leaf:
-                raise ValueError(
-                    f"{type(self).__name__}.{name}: a parameter must be a leaf tensor; use "
-                    "dt.nn.Parameter(t) (or t.detach()) to make one"
-                )
+        if isinstance(value, Parameter):
             params[name] = value
             self.__dict__.pop(name, None)
         elif isinstance(value, Module):

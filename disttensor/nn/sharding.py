@@ -38,7 +38,7 @@ from .. import autograd
 from ..mesh import ProcessMesh
 from ..placement import Placement, Replicate, Shard
 from ..tensor import DistTensor, check_world, shard_tensor
-from .module import Module
+from .module import Module, Parameter
 
 
 def place(p: DistTensor, mesh: ProcessMesh, placements: list[Placement]) -> DistTensor:
@@ -64,7 +64,7 @@ def place(p: DistTensor, mesh: ProcessMesh, placements: list[Placement]) -> Dist
                 out = shard_tensor(p, mesh, placements)
         else:
             out = shard_tensor(p, mesh, placements)
-    return out.detach().requires_grad_(p.requires_grad)
+    return Parameter(out, requires_grad=p.requires_grad)
 
 
 def shard_layer(
@@ -82,14 +82,32 @@ def shard_layer(
     check_world(mesh, "shard_layer")
     if not isinstance(layer, Module):
         raise TypeError(f"shard_layer needs a dt.nn.Module, got {type(layer).__name__}")
-    for name, sub in list(layer.named_modules()):
-        if shard_fn is not None:
+    subs = [sub for _, sub in layer.named_modules()]
+    before = [(sub, name, p) for sub in subs for name, p in sub._parameters.items()]
+    if shard_fn is not None:
+        for name, sub in layer.named_modules():
             shard_fn(name, sub, mesh)
-        for pname, p in list(sub._parameters.items()):
-            if p.mesh != mesh:
-                setattr(sub, pname, place(p, mesh, [Replicate()] * mesh.ndim))
-            elif not p.is_leaf:
-                setattr(sub, pname, p.detach().requires_grad_())
+    # A parameter shared by several layers (tied weights) stays one parameter: the layers
+    # that still hold the old one get the first replacement made for it.
+    new_of: dict[int, DistTensor] = {}
+    for sub, name, old in before:
+        cur = sub._parameters.get(name)
+        if cur is not None and cur is not old:
+            first = new_of.setdefault(id(old), cur)
+            if first.spec != cur.spec:
+                raise ValueError(
+                    f"shard_layer: a parameter shared by several layers was placed two ways "
+                    f"({first.placements} and {cur.placements}); place it once"
+                )
+    for sub, name, old in before:
+        cur = sub._parameters.get(name)
+        if cur is None:  # the shard_fn removed it
+            continue
+        new = new_of.get(id(old))
+        if new is None and cur is old and old.mesh != mesh:  # untouched: Replicate on mesh
+            new = new_of[id(old)] = place(old, mesh, [Replicate()] * mesh.ndim)
+        if new is not None and cur is not new:
+            setattr(sub, name, new)
     if input_fn is not None or output_fn is not None:
         forward = layer.forward
 
