@@ -64,13 +64,16 @@ class Step:
 
 
 # -- planner ---------------------------------------------------------------------------------
-def _valid(state: tuple[Placement, ...], m: int, q: Placement) -> bool:
+def _valid(
+    mesh_shape: tuple[int, ...], state: tuple[Placement, ...], m: int, q: Placement
+) -> bool:
     p = state[m]
     if p.is_partial() and not q.is_replicate() and not q.is_shard():
         return False  # Partial(a) -> Partial(b) goes through Replicate
     if p.is_shard() and q.is_partial():
         return False
-    later = state[m + 1 :]
+    # later mesh dims of size 1 split nothing and reduce nothing: they constrain nothing
+    later = [x for j, x in enumerate(state[m + 1 :], m + 1) if mesh_shape[j] > 1]
     for pl in (p, q):  # Note [Nested sharding]: only the innermost split of an axis may change
         if isinstance(pl, Shard) and any(isinstance(x, Shard) and x.dim == pl.dim for x in later):
             return False
@@ -119,7 +122,7 @@ def plan(
             continue
         for m in range(n):
             for q in options[m]:
-                if q == state[m] or not _valid(state, m, q):
+                if q == state[m] or not _valid(mesh_shape, state, m, q):
                     continue
                 c = cost + _cost(mesh_shape, state, m, q)
                 new = state[:m] + (q,) + state[m + 1 :]

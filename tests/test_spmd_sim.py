@@ -20,6 +20,9 @@ import disttensor as dt
         ((2, 2), 4, {}),
         ((2, 3), 6, {"nd_shapes": 3}),
         ((3, 2), 6, {"nd_dtypes": [np.float32], "nd_shapes": 3}),
+        # mesh dims of size 1 split nothing: nested shards over them must not block a plan
+        ((2, 1), 2, {"nd_dtypes": [np.float64], "nd_shapes": 2}),
+        ((1, 2), 2, {"nd_dtypes": [np.float64], "nd_shapes": 2}),
     ],
 )
 def test_reshard_grid(mesh_shape, world, extra):
