@@ -56,7 +56,8 @@ class ProcessMesh:
         ids.flags.writeable = False
         self._ids = ids
         self._dim_names = names
-        self._hash = hash((ids.shape, tuple(flat), names))
+        self._key = (ids.shape, tuple(flat), names)  # equality by value, as tuples (fast)
+        self._hash = hash(self._key)
 
     # -- the value ---------------------------------------------------------------------------
     @property
@@ -101,11 +102,7 @@ class ProcessMesh:
             return True
         if not isinstance(other, ProcessMesh):
             return NotImplemented
-        return (
-            self._hash == other._hash
-            and self._dim_names == other._dim_names
-            and np.array_equal(self._ids, other._ids)
-        )
+        return self._hash == other._hash and self._key == other._key
 
     def __hash__(self) -> int:
         return self._hash
