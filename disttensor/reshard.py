@@ -64,9 +64,7 @@ class Step:
 
 
 # -- planner ---------------------------------------------------------------------------------
-def _valid(
-    mesh_shape: tuple[int, ...], state: tuple[Placement, ...], m: int, q: Placement
-) -> bool:
+def _valid(mesh_shape: tuple[int, ...], state: tuple[Placement, ...], m: int, q: Placement) -> bool:
     p = state[m]
     if p.is_partial() and not q.is_replicate() and not q.is_shard():
         return False  # Partial(a) -> Partial(b) goes through Replicate
