@@ -312,6 +312,15 @@ def _zeros(spec):
     return from_spec_block(lambda sl: np.zeros(tuple(s.stop - s.start for s in sl)), plain)
 
 
+def _hooks(t, create: bool = False) -> list | None:
+    """A leaf's hook list (the slot is left unset until a hook is registered: one store less
+    per tensor an op makes)."""
+    hooks = getattr(t, "_hooks", None)
+    if hooks is None and create:
+        hooks = t._hooks = []
+    return hooks
+
+
 def _call_hooks(hooks: list, g):
     for hook in hooks:
         out = hook(g)
@@ -324,8 +333,9 @@ def _finish_leaf(t, g, handed: set | None = None) -> None:
     """The leaf's gradient of this backward is final: hooks, then accumulate into ``.grad``.
     A gradient object already stored elsewhere (``x + y`` gives both the same one; the
     caller's own ``grad``) is copied, so no two ``.grad`` share memory."""
-    if t._hooks:
-        g = _call_hooks([h for h in t._hooks if not getattr(h, "_post", False)], g)
+    hooks = _hooks(t)
+    if hooks:
+        g = _call_hooks([h for h in hooks if not getattr(h, "_post", False)], g)
     if t.grad is not None:
         t.grad = t.grad + g
     else:
@@ -334,8 +344,8 @@ def _finish_leaf(t, g, handed: set | None = None) -> None:
         t.grad = g
     if handed is not None:
         handed.add(id(t.grad))
-    if t._hooks:
-        for h in t._hooks:
+    if hooks:
+        for h in hooks:
             if getattr(h, "_post", False):
                 h(t)
 
@@ -351,9 +361,7 @@ def register_hook(t, fn: Callable) -> Callable[[], None]:
             node.hooks = {}
         lst = node.hooks.setdefault(i, [])
     else:
-        if t._hooks is None:
-            t._hooks = []
-        lst = t._hooks
+        lst = _hooks(t, create=True)
     lst.append(fn)
     return lambda: lst.remove(fn) if fn in lst else None
 
@@ -369,7 +377,6 @@ def register_post_accumulate_grad_hook(t, fn: Callable) -> Callable[[], None]:
         fn(tensor)
 
     post._post = True  # type: ignore[attr-defined]
-    if t._hooks is None:
-        t._hooks = []
-    t._hooks.append(post)
-    return lambda: t._hooks.remove(post) if post in t._hooks else None
+    lst = _hooks(t, create=True)
+    lst.append(post)
+    return lambda: lst.remove(post) if post in lst else None

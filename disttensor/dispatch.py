@@ -157,12 +157,12 @@ def apply(op: Op, args: tuple, attrs: dict) -> Any:
         result = op.kernel(*kargs, **attrs)
     # 5. wrap, and record for backward when an input needs a gradient
     out = _wrap(op, result, mesh, coord, out_placements, out_shapes, out_specs)
-    if autograd._state.enabled:
-        for t in tensors:
-            if t.requires_grad:
+    for t in tensors:  # the flag first: the thread-local switch only when it matters
+        if t.requires_grad:
+            if autograd._state.enabled:
                 saved = _saved(args, pos, kargs, moves, targets, coord)
                 autograd.record_op(op.name, args, attrs, out, saved)
-                break
+            break
     return out
 
 
