@@ -12,6 +12,7 @@ Method (the same for every variant of a comparison, so the ratio is fair):
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -34,15 +35,32 @@ class Stats:
     @property
     def spread(self) -> float:
         """Inter-quartile range relative to the median."""
-        q1, q3 = np.percentile(self.times, [25, 75])
-        return float((q3 - q1) / self.median)
+        return spread(self.times)
 
 
-def timed_block(comm: MPI.Comm, fn: Callable[[], Any], n: int) -> np.ndarray:
-    """``n`` times of ``fn()``, each started after a barrier, max over the ranks of ``comm``."""
+def spread(times: np.ndarray) -> float:
+    """Inter-quartile range of ``times`` relative to their median."""
+    q1, q3 = np.percentile(times, [25, 75])
+    return float((q3 - q1) / np.median(times))
+
+
+def load_line(start: float, load_before: float) -> str:
+    """The closing line of a benchmark: wall time and the 1-minute load before and after."""
+    return (
+        f"total {time.perf_counter() - start:.1f} s; 1-min load average "
+        f"{load_before:.1f} at start, {os.getloadavg()[0]:.1f} at end"
+    )
+
+
+def timed_block(
+    comm: MPI.Comm, fn: Callable[[], Any], n: int, before: Callable[[], Any] | None = None
+) -> np.ndarray:
+    """``n`` times of ``fn()``, each started after ``before()`` (default: a barrier), max over
+    the ranks of ``comm``."""
+    before = comm.Barrier if before is None else before
     times = np.empty(n)
     for i in range(n):
-        comm.Barrier()
+        before()
         t0 = time.perf_counter()
         result = fn()
         times[i] = time.perf_counter() - t0

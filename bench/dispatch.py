@@ -57,7 +57,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from _timing import format_table
+from _timing import format_table, load_line, spread, timed_block
 from mpi4py import MPI
 
 import disttensor as dt
@@ -194,20 +194,7 @@ def uncached_times(
     comm: MPI.Comm, fn: Callable[[], Any], samples: int, caches: dict[str, Any]
 ) -> np.ndarray:
     """Seconds of one call after clearing every dispatch cache; max over ranks per sample."""
-    times = np.empty(samples)
-    for i in range(samples):
-        clear_caches(caches)
-        t0 = time.perf_counter()
-        result = fn()
-        times[i] = time.perf_counter() - t0
-        del result
-    comm.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)
-    return times
-
-
-def spread(t: np.ndarray) -> float:
-    q1, q3 = np.percentile(t, [25, 75])
-    return float((q3 - q1) / np.median(t))
+    return timed_block(comm, fn, samples, before=lambda: clear_caches(caches))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -318,10 +305,7 @@ def main(argv: list[str] | None = None) -> int:
             f"goal uncached call < {GOAL_UNCACHED_US / 1e3:.1f} ms: "
             + (f"NOT met for {', '.join(misses_u)}" if misses_u else "met")
         )
-        print(
-            f"total {time.perf_counter() - start:.1f} s; 1-min load average "
-            f"{load_before:.1f} at start, {os.getloadavg()[0]:.1f} at end"
-        )
+        print(load_line(start, load_before))
     return 0
 
 

@@ -38,7 +38,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from _timing import Stats, adaptive_iters, estimate_call, format_table, interleaved
+from _timing import (
+    Stats,
+    adaptive_iters,
+    estimate_call,
+    format_table,
+    interleaved,
+    load_line,
+)
 from mpi4py import MPI
 
 import disttensor as dt
@@ -274,10 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         if goal_rows:
             verdict = f"NOT met for {', '.join(misses)}" if misses else "met"
             print(f"\ngoal ratio >= {GOAL_RATIO} at >= {human(GOAL_FROM)}: {verdict}")
-        print(
-            f"total {time.perf_counter() - start:.1f} s; 1-min load average "
-            f"{load_before:.1f} at start, {os.getloadavg()[0]:.1f} at end"
-        )
+        print(load_line(start, load_before))
     return 0
 
 

@@ -177,7 +177,7 @@ def backward(tensor: Any, grad: Any = None, retain_graph: bool = False) -> None:
     The graph is freed afterwards unless ``retain_graph``; a second backward through a freed
     graph raises. Collective: every rank of the mesh must call it, as for any op.
     """
-    from .tensor import DistTensor, from_spec_block
+    from .tensor import DistTensor
 
     if not tensor.requires_grad:
         raise RuntimeError(
@@ -190,8 +190,7 @@ def backward(tensor: Any, grad: Any = None, retain_graph: bool = False) -> None:
                 f"backward: a tensor of shape {tensor.shape} needs an explicit gradient "
                 "(grad=...); only one-element tensors default to 1"
             )
-        spec = tensor._spec.replace(placements=_unpartial(tensor._spec.placements))
-        grad = from_spec_block(lambda sl: np.ones(tuple(s.stop - s.start for s in sl)), spec)
+        grad = _filled(tensor._spec, 1)
     elif not isinstance(grad, DistTensor):
         from .placement import Replicate
         from .tensor import shard_tensor
@@ -204,12 +203,6 @@ def backward(tensor: Any, grad: Any = None, retain_graph: bool = False) -> None:
         )
     with no_grad():
         _run(tensor, grad, retain_graph)
-
-
-def _unpartial(placements):
-    from .placement import Replicate
-
-    return tuple(Replicate() if p.is_partial() else p for p in placements)
 
 
 def _add(a, b):
@@ -261,7 +254,9 @@ def _run(root, grad, retain_graph: bool) -> None:
                 g = _call_hooks(node.hooks[i], g)
             outs.append(g)
         if any(g is not None for g in outs):
-            outs = [g if g is not None else _zeros(spec) for g, spec in zip(outs, node.out_specs)]
+            outs = [
+                g if g is not None else _filled(spec, 0) for g, spec in zip(outs, node.out_specs)
+            ]
             with memoized_reshards():
                 in_grads = node.backward(tuple(outs))
         else:
@@ -305,11 +300,12 @@ def _checked(g, t, node):
     return g
 
 
-def _zeros(spec):
-    from .tensor import from_spec_block
+def _filled(spec, value):
+    """A tensor of ``spec``'s shape and dtype filled with ``value`` (Partials as Replicate)."""
+    from .creation import full
 
-    plain = spec.replace(placements=_unpartial(spec.placements))
-    return from_spec_block(lambda sl: np.zeros(tuple(s.stop - s.start for s in sl)), plain)
+    plain = spec.without_partials()
+    return full(plain.shape, value, plain.dtype, mesh=plain.mesh, placements=plain.placements)
 
 
 def _hooks(t, create: bool = False) -> list | None:

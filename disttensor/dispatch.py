@@ -284,9 +284,7 @@ def _decide(op: Op, specs, pos, nargs, attrs, mesh):
     # through as one: such an input is reduced first (a reshard to its Partial-free spec), and
     # its rule sees that. Ops that only move elements keep it (Note [Shape ops move elements]).
     firsts = tuple(
-        s.replace(placements=_unpartial(s.placements))
-        if s.dtype == np.bool_ and s.has_partial() and not op.moves_only
-        else s
+        s.without_partials() if s.dtype == np.bool_ and s.has_partial() and not op.moves_only else s
         for s in specs
     )
     res = rule(
@@ -311,10 +309,6 @@ def _moves(specs, firsts, targets):
                 cur = c
         chains.append(tuple(chain))
     return tuple(chains) if any(chains) else None
-
-
-def _unpartial(placements: tuple) -> tuple:
-    return tuple(Replicate() if p.is_partial() else p for p in placements)
 
 
 def _probe(op: Op, kargs, pos, attrs, targets, out_placements):

@@ -166,6 +166,14 @@ class DistSpec:
     def has_partial(self) -> bool:
         return any(p.is_partial() for p in self.placements)
 
+    def without_partials(self) -> DistSpec:
+        """This spec with every Partial read as Replicate (what a reduction of them gives)."""
+        if not self.has_partial():
+            return self
+        return self.replace(
+            placements=[Replicate() if p.is_partial() else p for p in self.placements]
+        )
+
     def local_box(self, coord: tuple[int, ...] | None) -> tuple[tuple[int, int], ...]:
         """(start, length) per tensor axis of the shard at mesh coordinate ``coord``."""
         return _local_box(self.mesh.shape, self.placements, self.shape, coord)

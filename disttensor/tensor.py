@@ -459,7 +459,7 @@ def from_spec_block(block_fn, spec: DistSpec, requires_grad: bool = False) -> Di
         _check_grad_dtype(spec.dtype)
     rank = comm.get_rank()
     coord = spec.mesh.get_coord(rank)
-    plain = spec.replace(placements=[Replicate() if p.is_partial() else p for p in spec.placements])
+    plain = spec.without_partials()
     if coord is None:
         local = np.empty(plain.local_shape(None), spec.dtype)
     else:
@@ -616,9 +616,10 @@ def reshard(x: DistTensor, mesh: ProcessMesh, placements: Sequence[Placement]) -
     if x.requires_grad and autograd._state.enabled:
         # the gradient goes back to the source placements, Partials read as Replicate
         # (Note [Partial gradients] in autograd.py)
-        src = x.spec
-        back = [Replicate() if p.is_partial() else p for p in src.placements]
-        autograd.record("reshard", (x,), (out,), lambda gs: (reshard(gs[0], src.mesh, back),))
+        back = x.spec.without_partials()
+        autograd.record(
+            "reshard", (x,), (out,), lambda gs: (reshard(gs[0], back.mesh, back.placements),)
+        )
     return out
 
 

@@ -23,7 +23,6 @@ import numpy as np
 from .. import creation, ops
 from ..autograd import no_grad
 from ..mesh import ProcessMesh
-from ..placement import Replicate
 from ..tensor import DistTensor
 from .module import Module, Parameter
 
@@ -143,7 +142,7 @@ class Dropout(Module):
             return x
         if not isinstance(x, DistTensor):
             raise TypeError("Dropout needs a DistTensor input (its mesh places the mask)")
-        plain = [Replicate() if q.is_partial() else q for q in x.placements]
+        plain = x.spec.without_partials().placements
         dtype = x.dtype if x.dtype in (np.float32, np.float64) else np.float64
         keep = creation.rand(x.shape, dtype, mesh=x.mesh, placements=plain) >= self.p
         if self.p == 1:

@@ -19,7 +19,6 @@ import math
 import numpy as np
 
 from ..dispatch import KernelContext, Op
-from ..placement import Replicate
 from ..tensor import DistTensor, reshard
 from .elementwise import OPS as EW
 
@@ -205,7 +204,7 @@ def _resolved(t):
     """``t`` with Partial mesh dims reduced (one collective each); others kept."""
     if not isinstance(t, DistTensor) or not t.spec.has_partial():
         return t
-    return reshard(t, t.mesh, [Replicate() if p.is_partial() else p for p in t.placements])
+    return reshard(t, t.mesh, t.spec.without_partials().placements)
 
 
 def _shift(x, axis):
