@@ -308,10 +308,6 @@ _STEPS = {
 
 
 # -- another mesh ----------------------------------------------------------------------------
-def _without_partial(spec: DistSpec) -> DistSpec:
-    return spec.replace(placements=[_R if p.is_partial() else p for p in spec.placements])
-
-
 @lru_cache(maxsize=1024)
 def _transfers(src: DistSpec, dst: DistSpec) -> tuple[tuple[int, int, tuple[slice, ...]], ...]:
     """(sender, receiver, global box) for every piece a move between meshes sends.
@@ -337,7 +333,7 @@ def _transfers(src: DistSpec, dst: DistSpec) -> tuple[tuple[int, int, tuple[slic
 
 
 def _cross_mesh(local: np.ndarray, spec: DistSpec, dst: DistSpec, rank: int) -> np.ndarray:
-    src_plain, dst_plain = _without_partial(spec), _without_partial(dst)
+    src_plain, dst_plain = spec.without_partials(), dst.without_partials()
     if rank in spec.mesh:
         local = execute(local, spec, src_plain)
     src_box = src_plain.local_box(spec.mesh.get_coord(rank))

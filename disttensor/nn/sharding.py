@@ -34,7 +34,6 @@ import fnmatch
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
-from .. import autograd
 from ..mesh import ProcessMesh
 from ..placement import Placement, Replicate, Shard
 from ..tensor import DistTensor, check_world, shard_tensor
@@ -42,29 +41,13 @@ from .module import Module, Parameter
 
 
 def place(p: DistTensor, mesh: ProcessMesh, placements: list[Placement]) -> DistTensor:
-    """Parameter ``p`` moved to ``mesh`` with ``placements``, as a new leaf parameter.
+    """Parameter ``p`` resharded to ``mesh`` with ``placements``, as a new leaf parameter.
 
-    A parameter replicated over a mesh that holds every rank of ``mesh`` (how layers are
-    made) is sliced locally, with no communication; otherwise it is resharded.
+    Layers are made replicated on a mesh of every rank, so each rank of ``mesh`` takes its
+    piece from its own copy: no communication (reshard's moves between meshes send only what
+    a rank does not hold).
     """
-    src = p.spec
-    local_ok = not any(q.is_shard() or q.is_partial() for q in src.placements) and all(
-        r in src.mesh for r in mesh.process_ids
-    )
-    with autograd.no_grad():
-        if src.mesh == mesh and list(src.placements) == list(placements):
-            out = p
-        elif local_ok:
-            from .. import comm
-
-            rank = comm.get_rank()
-            if rank in src.mesh:
-                out = shard_tensor(p.to_local(), mesh, placements)
-            else:  # not in the source mesh, hence not in mesh either: nothing to hold
-                out = shard_tensor(p, mesh, placements)
-        else:
-            out = shard_tensor(p, mesh, placements)
-    return Parameter(out, requires_grad=p.requires_grad)
+    return Parameter(shard_tensor(p, mesh, placements), requires_grad=p.requires_grad)
 
 
 def shard_layer(
