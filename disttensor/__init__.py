@@ -1,6 +1,7 @@
 """disttensor: numpy programs sharded over a process mesh, run with ``mpiexec -n N``.
 
-See docs/ for the guide and ../DESIGN.md for the architecture. Importing starts no MPI work.
+See docs/guide.md for the guide and docs/architecture.md for the layers. Importing starts no MPI
+work.
 """
 
 from . import nn, optim, spmd

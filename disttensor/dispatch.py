@@ -1,4 +1,4 @@
-"""The one dispatch path every op takes (DESIGN.md steps 1-5).
+"""The one dispatch path every op takes, in five steps (docs/architecture.md).
 
 1. normalize: DistTensors and arrays are tensors (arrays become Replicate on the mesh of the
    DistTensors); Python and numpy scalars pass to the kernel as they are, so numpy's type
@@ -54,6 +54,14 @@ class Op:
 
     def __call__(self, *args: Any, **attrs: Any) -> Any:
         return apply(self, args, attrs)
+
+
+# Note [One move per input]
+# An op moves each distinct input once: when the same tensor object is an operand twice and
+# the rule wants it in the same layout both times (``d * d``, ``x @ x``, ``where(m, x, x)``),
+# the second operand takes the first one's resharded shard. Resharding is a pure function of
+# (tensor, target spec), and nothing can change the tensor between two operands of one call,
+# so the reuse is exact. Inside a gradient function the same table lives longer (_Memo).
 
 
 class _Memo(threading.local):
@@ -133,7 +141,11 @@ def apply(op: Op, args: tuple, attrs: dict) -> Any:
         for i, t in zip(pos, tensors):
             kargs[i] = t._local
     else:
+        # one reshard per distinct input: ``d * d`` on a Partial d reduces d once
+        # (Note [One move per input]); autograd's memo also spans a whole gradient function
         memo = _memo.table
+        if memo is None and len(tensors) > 1:
+            memo = {}
         for i, t, chain in zip(pos, tensors, moves):
             if not chain:
                 kargs[i] = t._local

@@ -149,12 +149,41 @@ def place(mesh, args, pls, seed: int = 1) -> list:
     return [make_input(a, mesh, next(it), seed) if isinstance(a, np.ndarray) else a for a in args]
 
 
-def assert_grid(results: list[tuple[int, list[str]]], minimum: int = 1) -> int:
-    """Every rank's (count, failures) from a simulated grid: no failures, enough checks."""
-    count, failures = results[0]
-    assert not failures, f"{len(failures)} of {count} failed:\n" + "\n".join(failures[:12])
-    assert count >= minimum, f"only {count} checks ran"
-    return count
+def assert_grid(
+    results: list[tuple[int, list[str]]], minimum: int = 1, ranks: list[int] | None = None
+) -> int:
+    """Every rank's (count, failures) from a grid: a ``dt.simulate`` result, or under mpiexec
+    ``[mine]`` with ``ranks=[dt.get_rank()]`` (each rank asserts its own). No rank failed,
+    every rank ran the same checks, enough of them: a failure seen by one rank only fails."""
+    ranks = list(range(len(results))) if ranks is None else ranks
+    failures = [f"rank {r}: {f}" for r, (_, fs) in zip(ranks, results) for f in fs]
+    counts = [count for count, _ in results]
+    summary = " | ".join(f"rank {r}: {len(fs)} of {c} failed" for r, (c, fs) in zip(ranks, results))
+    assert not failures, f"{summary}\n" + "\n".join(failures[:12])
+    assert len(set(counts)) == 1, f"the ranks ran different numbers of checks: {counts}"
+    assert counts[0] >= minimum, f"only {counts[0]} checks ran"
+    return counts[0]
+
+
+def every_rank(results: list) -> Any:
+    """The one result of a ``dt.simulate`` run whose ranks must all return the same (global
+    values, placements, counts): rank 0's, after checking every other rank's equals it."""
+    for r, got in enumerate(results[1:], 1):
+        assert same(got, results[0]), f"simulated rank {r} returned {got!r}, rank 0 {results[0]!r}"
+    return results[0]
+
+
+def same(a: Any, b: Any) -> bool:
+    """Exact equality through tuples, lists and dicts; arrays by dtype, shape and value."""
+    if isinstance(a, (np.ndarray, np.generic)) or isinstance(b, (np.ndarray, np.generic)):
+        a, b = np.asarray(a), np.asarray(b)
+        nan = a.dtype.kind in "fc" and b.dtype.kind in "fc"
+        return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b, equal_nan=nan)
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(same, a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    return bool(a == b)
 
 
 def arg_data(name: str, i: int, shape, dtype, rng) -> np.ndarray:
@@ -193,7 +222,7 @@ def case_ops_elementwise(world: int) -> int:
                 f"int ops {pl}",
                 exact=True,
             )
-    return assert_grid([grid.result()])
+    return assert_grid([grid.result()], ranks=[dt.get_rank()])
 
 
 def case_ops_matmul(world: int) -> int:
@@ -220,7 +249,7 @@ def case_ops_matmul(world: int) -> int:
             )
         for pa, pb in pairs(mesh, v, v):
             grid.check(mesh, dt.dot, (v, v), [pa, pb], np.dot, f"dot {pa} {pb}")
-    return assert_grid([grid.result()])
+    return assert_grid([grid.result()], ranks=[dt.get_rank()])
 
 
 def case_ops_reduction(world: int) -> int:
@@ -252,7 +281,7 @@ def case_ops_reduction(world: int) -> int:
                     f"{name} int {pl}",
                     axis=0,
                 )
-    return assert_grid([grid.result()])
+    return assert_grid([grid.result()], ranks=[dt.get_rank()])
 
 
 ALL = [case_ops_elementwise, case_ops_matmul, case_ops_reduction]

@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 import pytest
-from op_cases import make_input
+from op_cases import every_rank, make_input
 
 import disttensor as dt
 
@@ -22,7 +22,7 @@ COT = RNG.normal(size=(5, 3))
 def on(mesh_shape, fn):
     """``fn(mesh)`` on simulated ranks of a mesh of that shape; rank 0's result."""
     n = math.prod(mesh_shape)
-    return dt.simulate(n, lambda: fn(dt.ProcessMesh(np.arange(n).reshape(mesh_shape))))[0]
+    return every_rank(dt.simulate(n, lambda: fn(dt.ProcessMesh(np.arange(n).reshape(mesh_shape)))))
 
 
 def leaf(mesh, value=A, placements=(S0,)):
@@ -334,7 +334,9 @@ def test_reshard_between_meshes_is_differentiable():
             return x.grad.mesh == a, x.grad.placements, x.grad.numpy()
         return None
 
-    same_mesh, pls, got = dt.simulate(4, body)[0]
+    results = dt.simulate(4, body)
+    assert results[2:] == [None, None]  # ranks 2 and 3 hold no x
+    same_mesh, pls, got = every_rank(results[:2])
     assert same_mesh and pls == [S0]
     np.testing.assert_allclose(got, np.cos(A) * COT)
 
@@ -367,7 +369,9 @@ def test_pipeline_gradient_through_a_rank_outside_the_first_mesh():
         return w.grad.numpy() if dt.get_rank() == 0 else None
 
     want = (1 - np.tanh(w0) ** 2) * v0.sum(axis=1)
-    np.testing.assert_allclose(dt.simulate(3, body)[0], want, rtol=1e-12)
+    got, *others = dt.simulate(3, body)  # only rank 0 holds w
+    assert others == [None, None]
+    np.testing.assert_allclose(got, want, rtol=1e-12)
 
 
 def test_graph_memory_is_freed_without_the_cyclic_collector():

@@ -1,4 +1,5 @@
-"""The docstring examples of every module run as tests (STYLE.md habit 6).
+"""The docstring examples of every module run as tests: every public function shows a short
+example, and it must work.
 
 They run on one simulated rank, so the test process itself never initializes MPI (it launches
 mpiexec jobs in tests/test_mpi.py).

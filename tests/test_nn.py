@@ -9,6 +9,7 @@ import math
 
 import numpy as np
 import pytest
+from op_cases import every_rank
 
 import disttensor as dt
 
@@ -304,7 +305,7 @@ def _reload_own_state():
 
 
 def test_load_state_dict_in_place_values_move_nothing():
-    assert dt.simulate(4, _reload_own_state)[0] == {}
+    assert every_rank(dt.simulate(4, _reload_own_state)) == {}
 
 
 def test_train_eval_propagate():
@@ -369,8 +370,8 @@ def _tied_step(plan):
     "plan", [{}, {"a": dt.nn.ColwiseParallel("mp")}], ids=["replicate", "one-side-planned"]
 )
 def test_shard_layer_keeps_tied_parameters_tied(plan):
-    n, tied, value = dt.simulate(4, _tied_step, None)[0]
-    got = dt.simulate(4, _tied_step, plan)[0]
+    n, tied, value = every_rank(dt.simulate(4, _tied_step, None))
+    got = every_rank(dt.simulate(4, _tied_step, plan))
     assert (n, tied) == (3, True) and got[:2] == (3, True)
     np.testing.assert_allclose(got[2], value, rtol=1e-12)
 
@@ -801,7 +802,7 @@ def _plan_placements():
 
 
 def test_plan_placements():
-    got = dt.simulate(4, _plan_placements)[0]
+    got = every_rank(dt.simulate(4, _plan_placements))
 
     def expect(m):
         def on(p):
@@ -852,11 +853,11 @@ MEGATRON = {
 
 
 def test_megatron_plan_nested_block():
-    assert dt.simulate(4, _megatron_placements, True)[0] == MEGATRON
+    assert every_rank(dt.simulate(4, _megatron_placements, True)) == MEGATRON
 
 
 def test_megatron_plan_bare_block():
-    assert dt.simulate(4, _megatron_placements, False)[0] == MEGATRON
+    assert every_rank(dt.simulate(4, _megatron_placements, False)) == MEGATRON
 
 
 def _untouched_and_io(x):
@@ -902,3 +903,80 @@ def _untouched_and_io(x):
 def test_shard_layer_replicates_untouched_and_applies_io_fns():
     x = np.random.default_rng(16).standard_normal((4, 4))
     assert all(dt.simulate(4, _untouched_and_io, x))
+
+
+# -- moves between meshes send only what a rank does not hold ----------------------------------
+def _rows(n: int, ranks: list[int], rank: int) -> set[int]:
+    """The rows of n that ``rank`` holds when Shard(0) over the 1-D mesh ``ranks``
+    (numpy.array_split, written out here) or, for a rank outside, none."""
+    if rank not in ranks:
+        return set()
+    return set(np.array_split(np.arange(n), len(ranks))[ranks.index(rank)].tolist())
+
+
+# name: (source ranks, source placement, target ranks, target placement), in a world of 4
+MOVES = {
+    "R all -> S0 [2, 3]": ([0, 1, 2, 3], R, [2, 3], S0),
+    "R all -> S0 [3, 1, 0]": ([0, 1, 2, 3], R, [3, 1, 0], S0),
+    "R [0, 1] -> S0 [1, 0, 2, 3]": ([0, 1], R, [1, 0, 2, 3], S0),
+    "S0 [0, 1] -> S0 [0, 1, 2, 3]": ([0, 1], S0, [0, 1, 2, 3], S0),
+    "S0 [0, 1, 2, 3] -> R [1, 2]": ([0, 1, 2, 3], S0, [1, 2], R),
+}
+
+
+def _sends_between_meshes(n: int) -> dict:
+    """Per move, what this rank sent: (messages, bytes)."""
+    g = np.arange(n * 3.0).reshape(n, 3)
+    out = {}
+    for name, (a, pa, b, pb) in MOVES.items():
+        x = dt.shard_tensor(g, dt.ProcessMesh(a), [pa])
+        with dt.CommCounter() as cc:
+            y = dt.reshard(x, dt.ProcessMesh(b), [pb])
+        if dt.get_rank() in b:
+            np.testing.assert_array_equal(y.numpy(), g)
+        out[name] = (cc["send"], cc.bytes.get("send", 0), cc.total - cc["send"])
+    return out
+
+
+def _expected_sends(n: int, a, pa, b, pb) -> tuple[int, int]:
+    """Messages and rows all ranks together must send: each target rank receives, for each
+    source piece overlapping its target rows, the rows it does not hold itself, once."""
+    every = set(range(n))
+    held = {r: (every if pa == R else _rows(n, a, r)) if r in a else set() for r in range(4)}
+    pieces = [every] if pa == R else [_rows(n, a, r) for r in a]
+    messages = rows = 0
+    for t in b:
+        need = every if pb == R else _rows(n, b, t)
+        for piece in pieces:
+            missing = (need & piece) - held[t]
+            messages += bool(missing)
+            rows += len(missing)
+    return messages, rows
+
+
+@pytest.mark.parametrize("n", [8, 7, 2])
+def test_moves_between_meshes_send_nothing_from_a_ranks_own_copy(n):
+    """A rank that already holds its target piece gets nothing; what moves is sent once."""
+    per_rank = dt.simulate(4, _sends_between_meshes, n)
+    for name, move in MOVES.items():
+        messages, rows = _expected_sends(n, *move)
+        sent = [r[name] for r in per_rank]
+        assert sum(m for m, _, _ in sent) == messages, (name, sent)
+        assert sum(nbytes for _, nbytes, _ in sent) == rows * 3 * 8, (name, sent)
+        assert all(other == 0 for _, _, other in sent), (name, sent)  # no collectives
+
+
+def _shard_layer_sends(target_ranks) -> dict:
+    dt.manual_seed(3)
+    block = dt.nn.TransformerBlock(8, 2, dtype=np.float64)
+    mesh = dt.ProcessMesh(np.asarray(target_ranks), ["dp", "mp"][-np.ndim(target_ranks) :])
+    with dt.CommCounter() as cc:
+        dt.shard_layer(block, mesh, dt.nn.plan_shard_fn(dt.nn.megatron_plan(mesh_dim="mp")))
+    return cc.counts
+
+
+@pytest.mark.parametrize("target", [[[0, 1], [2, 3]], [2, 3], [3, 1]], ids=str)
+def test_shard_layer_moves_nothing(target):
+    """Layers start Replicate on every rank, so each rank of the target mesh takes its piece
+    from its own copy: no rank sends anything, nor runs a collective."""
+    assert dt.simulate(4, _shard_layer_sends, target) == [{}] * 4

@@ -23,6 +23,7 @@ from op_cases import (
     arg_data,
     assert_close,
     assert_grid,
+    every_rank,
     make_input,
     mesh_of,
     numpy_takes,
@@ -176,7 +177,7 @@ def test_scalar_keeps_float32():
         kinds = [(x + 1.0).dtype, (2.0 * x).dtype, (x / 3).dtype, (x**2).dtype, (1 - x).dtype]
         return kinds, (x + np.float64(1)).dtype, (make_input(np.ones(3, bool), mesh, [R]) + 1).dtype
 
-    kinds, with_np64, bool_plus_int = simulate_on((2,), body)[0]
+    kinds, with_np64, bool_plus_int = every_rank(simulate_on((2,), body))
     assert kinds == [np.float32] * 5
     assert with_np64 == np.float64  # a numpy scalar is typed (NEP 50), as numpy does
     assert bool_plus_int == np.int64
@@ -233,7 +234,7 @@ def test_scalar_mod_tensor():
     def body(mesh):
         return (3 % make_input(np.arange(1.0, 6.0), mesh, [S0])).numpy()
 
-    assert_close(simulate_on((2,), body)[0], 3 % np.arange(1.0, 6.0), "3 % x")
+    assert_close(every_rank(simulate_on((2,), body)), 3 % np.arange(1.0, 6.0), "3 % x")
 
 
 # -- numpy interop and the fallback ----------------------------------------------------------
@@ -256,7 +257,58 @@ def test_numpy_ufuncs_use_the_op_set():
             assert_close(got.numpy(), want, "numpy ufunc")
         return dispatch.FALLBACKS - before
 
-    assert simulate_on((2,), body)[0] == Counter()
+    assert every_rank(simulate_on((2,), body)) == Counter()
+
+
+@pytest.mark.parametrize("mesh_shape", [(2,), (3,), (4,), (2, 2)])
+def test_one_reshard_per_distinct_input(mesh_shape):
+    """Note [One move per input]: an op whose operands are the same tensor moves it once
+    (``d * d`` on a Partial d: one all-reduce per Partial mesh dim, not one per operand)."""
+    g = np.linspace(-2, 3, 35).reshape(7, 5)  # uneven on every mesh
+
+    def body(mesh):
+        pls = [PSUM] * mesh.ndim
+        d = make_input(g, mesh, pls)
+        counts = {}
+        for name, fn, ref in [
+            ("d * d", lambda: d * d, g * g),
+            ("multiply(d, d)", lambda: dt.multiply(d, d), g * g),
+            ("where(m, d * d, d)", lambda: dt.where(g > 0, d * d, d), np.where(g > 0, g * g, g)),
+            ("maximum(d, d)", lambda: dt.maximum(d, d), g),
+        ]:
+            with dt.CommCounter() as cc:
+                y = fn()
+            counts[name] = cc.counts
+            assert_close(y.numpy(), ref, name)
+        x = make_input(g, mesh, [S1] + [R] * (mesh.ndim - 1), seed=2)
+        with dt.CommCounter() as cc:
+            y = x @ x.T
+        counts["x @ x.T"] = cc.counts
+        assert_close(y.numpy(), g @ g.T, "x @ x.T")
+        return counts
+
+    counts = every_rank(simulate_on(mesh_shape, body))
+    reduce = {"all_reduce": len(mesh_shape)}
+    assert counts["d * d"] == counts["multiply(d, d)"] == counts["maximum(d, d)"] == reduce
+    assert counts["where(m, d * d, d)"] == reduce  # d reduced once; where keeps d Partial
+    assert counts["x @ x.T"] == {}  # S(1) @ S(0) contracts the split axis: Partial, no move
+
+
+def test_one_reshard_per_input_with_gradients():
+    """The same with autograd recording: x * x on a Partial leaf reduces x once forward, and
+    its gradient is 2 x."""
+
+    def body(mesh):
+        x = make_input(np.arange(6.0).reshape(3, 2), mesh, [PSUM])
+        x.requires_grad = True
+        with dt.CommCounter() as cc:
+            y = (x * x).sum()
+        y.backward()
+        return cc.counts, x.grad.numpy()
+
+    counts, grad = every_rank(simulate_on((2,), body))
+    assert counts == {"all_reduce": 1}
+    assert_close(grad, 2 * np.arange(6.0).reshape(3, 2), "grad of x * x")
 
 
 def test_fallback_counts_and_logs_once(caplog):
@@ -362,7 +414,7 @@ def test_bool_partial_sum_promoted(fn):
         x = dt.dtensor_from_local(np.ones((2, 3), bool), mesh, [PSUM], global_shape=(2, 3))
         return fn(x).numpy()  # the true value is all True: or(True, True)
 
-    got = simulate_on((2,), body)[0]
+    got = every_rank(simulate_on((2,), body))
     assert_close(got, np.asarray(fn(np.ones((2, 3), bool))), "bool Partial(sum)")
 
 
@@ -377,5 +429,5 @@ def test_bool_partial_sum_with_another_partial_sum(fn):
         i = dt.dtensor_from_local(np.full((2, 3), 2 + dt.get_rank()), mesh, [PSUM], (2, 3))
         return fn(b, i).numpy(), fn(b.numpy(), i.numpy())  # true values: all True and 5
 
-    got, want = simulate_on((2,), body)[0]
+    got, want = every_rank(simulate_on((2,), body))
     assert_close(got, want, "bool Partial(sum) with an int Partial(sum)")

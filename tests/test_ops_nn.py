@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 import pytest
+from op_cases import every_rank
 from spmd_cases import make_source
 
 import disttensor as dt
@@ -40,7 +41,7 @@ def _close(got, want, what) -> None:
 
 def _sim(mesh_shape, case) -> int:
     """Run ``case(mesh)`` on as many simulated ranks as the mesh has; the number of checks."""
-    return dt.simulate(math.prod(mesh_shape), lambda: case(_mesh(mesh_shape)))[0]
+    return every_rank(dt.simulate(math.prod(mesh_shape), lambda: case(_mesh(mesh_shape))))
 
 
 # -- numpy references -------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import random
 import numpy as np
 import pytest
 import spmd_cases as cases
+from op_cases import every_rank
 
 import disttensor as dt
 from disttensor import dispatch
@@ -49,7 +50,7 @@ def run(mesh_shape, f):
     def program():
         return f(dt.ProcessMesh(np.arange(world).reshape(mesh_shape)))
 
-    n = dt.simulate(world, program)[0]
+    n = every_rank(dt.simulate(world, program))
     assert n > 0
     return n
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from op_cases import every_rank
 
 import disttensor as dt
 
@@ -104,7 +105,7 @@ def tp_block_comm(mesh_shape, names):
     "world,mesh_shape,names", [(2, (2,), ["mp"]), (4, (2, 2), ["dp", "mp"])], ids=["mp2", "dp2xmp2"]
 )
 def test_tp_mlp_block_one_all_reduce(world, mesh_shape, names):
-    r = dt.simulate(world, tp_block_comm, mesh_shape, names)[0]
+    r = every_rank(dt.simulate(world, tp_block_comm, mesh_shape, names))
     # forward: ln1 (fused: its input is Replicate along mp), fc1 (column-parallel), GELU and
     # fc2 (row-parallel) communicate nothing; fc2's output is Partial(sum), the residual add
     # keeps it Partial, and ln2 needs its input whole: the block's one all-reduce.
@@ -142,7 +143,7 @@ def stacked_tp_blocks_comm():
 
 
 def test_stacked_tp_mlp_blocks_one_all_reduce_per_block():
-    fwd, bwd, gather = dt.simulate(2, stacked_tp_blocks_comm)[0]
+    fwd, bwd, gather = every_rank(dt.simulate(2, stacked_tp_blocks_comm))
     # forward: block 2's ln1 reduces block 1's Partial output, the final LayerNorm block 2's
     assert fwd == {"all_reduce": 2}
     # backward: block 2 is local and leaves the residual-stream gradient Partial(sum); block 1's
@@ -185,7 +186,7 @@ def dp_training(world, steps=3):
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_dp_no_communication_until_the_optimizer(world):
-    r = dt.simulate(world, dp_training, world)[0]
+    r = every_rank(dt.simulate(world, dp_training, world))
     dp, single = r["dp"], r["single"]
     for fwd, bwd, upd in dp["counts"]:
         assert fwd == {}  # every op is local on its batch rows; the mean is Partial
@@ -245,7 +246,7 @@ MEGATRON_MESHES = [(2, (2,), ["mp"]), (4, (2, 2), ["dp", "mp"])]
 
 @pytest.mark.parametrize("world,mesh_shape,names", MEGATRON_MESHES, ids=["mp2", "dp2xmp2"])
 def test_megatron_block_forward_two_all_reduces(world, mesh_shape, names):
-    r = dt.simulate(world, megatron_block_comm, mesh_shape, names)[0]
+    r = every_rank(dt.simulate(world, megatron_block_comm, mesh_shape, names))
     # Attention branch: ln1 is fused on the Replicate residual stream; q, k, v column-parallel
     # split the heads, so scores, the causal mask, softmax and att @ v are local per head;
     # proj (row-parallel) gives a Partial(sum) output, the residual add keeps it Partial, and
@@ -261,7 +262,7 @@ def test_megatron_block_forward_two_all_reduces(world, mesh_shape, names):
 
 @pytest.mark.parametrize("world,mesh_shape,names", MEGATRON_MESHES, ids=["mp2", "dp2xmp2"])
 def test_megatron_block_backward_one_all_reduce_per_branch(world, mesh_shape, names):
-    r = dt.simulate(world, megatron_block_comm, mesh_shape, names)[0]
+    r = every_rank(dt.simulate(world, megatron_block_comm, mesh_shape, names))
     # The next LayerNorm's input was reduced in forward (saved Replicate): dL/dh is Replicate.
     # MLP branch: fc2, GELU, fc1 local; fc1's input gradient is Partial(sum), so is ln2's, and
     # the residual-stream gradient dh + that is Partial too. Attention branch: attn.proj
@@ -318,7 +319,7 @@ def adam_training(mesh_shape, names, dtype, steps=10):
     ids=["mp2", "dp2", "mp4", "dp4", "dp2xmp2"],
 )
 def test_adam_sharded_equals_single_process(world, mesh_shape, names, dtype):
-    r = dt.simulate(world, adam_training, mesh_shape, names, dtype)[0]
+    r = every_rank(dt.simulate(world, adam_training, mesh_shape, names, dtype))
     sharded, single, tol = r["sharded"], r["single"], TOL[dtype]
     if "mp" in names:
         assert sharded["placements"]["mlp.fc1.weight"][-1] == dt.Shard(1)

@@ -3,7 +3,7 @@ are drawn with the seeded global-view random factories, so every mesh and placem
 from the same weights as one process would; ``dt.shard_layer`` then places them.
 
 Weights of Linear are (in_features, out_features) and ``y = x @ weight + bias``, so a
-column-parallel weight is Shard(1) and a row-parallel one Shard(0) (DESIGN.md).
+column-parallel weight is Shard(1) and a row-parallel one Shard(0).
 
 >>> import numpy as np, disttensor as dt
 >>> layer = dt.nn.Linear(3, 2, seed=0, dtype=np.float64)
