@@ -3,11 +3,16 @@
 Every demo trains a model sharded over the mesh, then trains the same model again on a
 one-rank mesh of its own rank (the single-process program, no communication) and compares
 losses, gradients and parameters with ``check``.
+
+That check cannot see a bug the two runs share (a wrong local kernel, gradient or optimizer
+term), so the hidden option ``--record PATH`` saves the sharded run for a replay in plain
+numpy (tests/numpy_models.py, tests/test_demos.py): see ``fit``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections.abc import Iterable
@@ -18,6 +23,18 @@ import disttensor as dt
 
 # relative agreement a sharded run must reach with the single-process run
 TOLERANCE = {"float64": 1e-9, "float32": 1e-5}
+
+# where ``fit`` records the training run it shows (set by the hidden --record option)
+_record_path: str | None = None
+
+
+class _Record(argparse.Action):
+    """--record PATH: remember PATH for ``fit`` (every rank parses the same command line)."""
+
+    def __call__(self, parser, namespace, value, option_string=None) -> None:
+        global _record_path
+        _record_path = value
+        setattr(namespace, self.dest, value)
 
 
 def say(text: str = "") -> None:
@@ -42,6 +59,8 @@ def options(doc: str, steps: int, mesh: bool = True) -> argparse.ArgumentParser:
         p.add_argument("--mesh", default=None, help="DPxMP, e.g. 2x2 (default: from the world)")
     # hidden: add 1e-3 to one rank's shard of one parameter, to see the self-check fail
     p.add_argument("--perturb", action="store_true", help=argparse.SUPPRESS)
+    # hidden: save the sharded run's training to an .npz for a plain-numpy replay (``fit``)
+    p.add_argument("--record", action=_Record, metavar="PATH", help=argparse.SUPPRESS)
     return p
 
 
@@ -105,10 +124,24 @@ class Stopwatch:
 def fit(opt, batches, loss_of, named, steps: int, show: bool = False) -> dict:
     """The training loop of every demo: per batch, ``loss_of(batch)`` (forward), backward and
     ``opt.step()``, timed and with each phase's collectives counted; rank 0 prints a line per
-    step when ``show``. ``named()`` gives the (name, parameter) pairs at the end. Returns
-    what ``check`` compares: losses, the last step's gradients, the final parameters."""
+    step when ``show``. ``named()`` gives the (name, parameter) pairs. Returns what ``check``
+    compares: losses, the last step's gradients, the final parameters.
+
+    With ``--record PATH``, the run that shows its progress (the sharded one: each demo's
+    single-process run does not show) is saved by rank 0 with ``np.savez`` for a replay in
+    plain numpy: ``initial:NAME`` (the global parameters before the first step, after any
+    --perturb), ``batch:STEP:I`` (item I of each step's batch as given to ``loss_of``),
+    ``losses``, ``gradient:NAME`` (the last step's), ``final:NAME`` and ``meta`` (a JSON
+    string: the script, world size, optimizer and its settings). Every rank gathers the same
+    tensors (``.numpy()`` is collective), so the collectives stay the same on every rank.
+    """
+    record = _record_path if show else None
+    initial = params(named()) if record is not None else None
+    recorded_batches = []
     losses = []
     for step, batch in enumerate(batches, 1):
+        if record is not None:
+            recorded_batches.append(tuple(np.array(a) for a in batch))
         opt.zero_grad()
         with Stopwatch() as t:
             with dt.CommCounter() as fwd:
@@ -123,11 +156,43 @@ def fit(opt, batches, loss_of, named, steps: int, show: bool = False) -> dict:
     if show:
         say("collectives per step: " + collectives(forward=fwd, backward=bwd, optimizer=upd))
     pairs = list(named())
-    return {
+    result = {
         "losses": dict(enumerate(losses, 1)),
         "gradients": grads(pairs),
         "parameters": params(pairs),
     }
+    if record is not None:
+        save_record(record, opt, initial, recorded_batches, result)
+    return result
+
+
+def save_record(path: str, opt, initial: dict, batches: list, result: dict) -> None:
+    """Rank 0 writes the record of ``fit`` (see there) to ``path``; the others do nothing."""
+    if dt.get_rank() != 0:
+        return
+    settings = {
+        k: v
+        for k, v in vars(opt).items()
+        if k in ("beta1", "beta2", "eps", "weight_decay", "momentum", "nesterov")
+    }
+    meta = {
+        "script": sys.argv[0],
+        "world": dt.get_world_size(),
+        "steps": len(batches),
+        "optimizer": type(opt).__name__,
+        "lr": opt.lr,
+        **settings,
+    }
+    arrays = {
+        "meta": np.array(json.dumps(meta)),
+        "losses": np.array(list(result["losses"].values())),
+    }
+    arrays.update({f"initial:{name}": v for name, v in initial.items()})
+    for step, batch in enumerate(batches, 1):
+        arrays.update({f"batch:{step}:{i}": a for i, a in enumerate(batch)})
+    arrays.update({f"gradient:{name}": v for name, v in result["gradients"].items()})
+    arrays.update({f"final:{name}": v for name, v in result["parameters"].items()})
+    np.savez(path, **arrays)
 
 
 def grads(named: Iterable[tuple[str, dt.DistTensor]]) -> dict[str, np.ndarray]:

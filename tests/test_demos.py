@@ -1,45 +1,127 @@
-"""Every training demo for real under mpiexec: each checks itself against the single-process
-run (losses, gradients, parameters) and exits non-zero on a mismatch."""
+"""Every demo for real under mpiexec.
+
+Each training demo checks itself against its single-process run (losses, gradients,
+parameters) and exits non-zero on a mismatch. That check compares the library with itself,
+so a bug in a shared local kernel, gradient or optimizer passes it; here each demo also
+records its sharded run (hidden ``--record``) and the record is replayed by an independent
+plain-numpy reference (tests/numpy_models.py, hand-written backward), which must agree.
+"""
 
 from __future__ import annotations
 
+import json
+
+import numpy as np
+import numpy_models as nm
 import pytest
 from mpirun import run
 
 OK = "OK: matches single process"
 
-CASES = [
-    ("simple_net_dp.py", 1, "float64"),
-    ("simple_net_dp.py", 2, "float64"),
-    ("simple_net_dp.py", 4, "float64"),
-    ("simple_net_dp.py", 4, "float32"),
-    ("simple_net_mp.py", 1, "float64"),
-    ("simple_net_mp.py", 2, "float64"),
-    ("simple_net_mp.py", 4, "float64"),
-    ("simple_net_mp.py", 4, "float32"),
-    ("mlp_dp_mp.py", 1, "float64"),
-    ("mlp_dp_mp.py", 2, "float64"),
-    ("mlp_dp_mp.py", 4, "float64"),
-    ("mlp_dp_mp.py", 1, "float32"),
-    ("mlp_dp_mp.py", 2, "float32"),
-    ("mlp_dp_mp.py", 4, "float32"),
-    ("gpt_dp_mp.py", 1, "float64"),
-    ("gpt_dp_mp.py", 2, "float64"),
-    ("gpt_dp_mp.py", 4, "float64"),
-    ("gpt_dp_mp.py", 4, "float32"),
-]
+TRAINING = ["simple_net_dp.py", "simple_net_mp.py", "mlp_dp_mp.py", "gpt_dp_mp.py"]
+
+# float64 replay: the sharded run and the numpy reference differ only by the order of
+# floating-point sums, ~1e-14 relative after 3 steps (Adam included). 1e-10 leaves 4 orders
+# of margin and is far below what a wrong term does: a GELU constant off in its 5th digit
+# moves the first loss by ~1e-6 relative, a dropped bias correction or a lost 1/count by O(1).
+RTOL = 1e-10
+# Each tensor is compared relative to its own largest value, but at least this fraction of
+# its group's largest value: attention's key bias has a gradient that is zero in exact
+# arithmetic (softmax ignores a constant added to a row), ~1e-18 of rounding noise in both.
+FLOOR = 1e-4
+STEPS = 3
+
+
+def load_record(path) -> dict:
+    """The .npz of ``--record`` (demos/_common.py ``fit``) as groups of name -> array."""
+    with np.load(path) as r:
+        meta = json.loads(str(r["meta"]))
+        group = {
+            key: {k.split(":", 1)[1]: r[k] for k in r.files if k.startswith(key + ":")}
+            for key in ("initial", "gradient", "final")
+        }
+        batches = [
+            tuple(r[f"batch:{s}:{i}"] for i in range(2)) for s in range(1, meta["steps"] + 1)
+        ]
+        losses = r["losses"]
+    return {"meta": meta, "batches": batches, "losses": losses, **group}
+
+
+def mismatches(got: dict, want: dict, rtol: float = RTOL, floor: float = FLOOR) -> list[str]:
+    """Tensors of ``got`` (name -> array) that differ from ``want`` by more than ``rtol``
+    relative to max(their largest |value|, ``floor`` * the group's largest |value|)."""
+    if set(got) != set(want):
+        return [f"names differ: {sorted(set(got) ^ set(want))}"]
+    top = max(float(np.abs(w).max(initial=0.0)) for w in want.values())
+    bad = []
+    for name, w in want.items():
+        g = np.asarray(got[name], np.float64)
+        if g.shape != w.shape:
+            bad.append(f"{name}: shape {g.shape} != {w.shape}")
+            continue
+        scale = max(float(np.abs(w).max(initial=0.0)), floor * top) or 1.0
+        diff = float(np.abs(g - w).max(initial=0.0)) / scale
+        if not diff <= rtol:
+            bad.append(f"{name}: rel diff {diff:.3g}")
+    return bad
+
+
+def check_against_numpy(demo: str, record: dict) -> None:
+    """Replay ``record`` with the numpy reference of ``demo`` and compare."""
+    _, make_opt = nm.DEMOS[demo]
+    meta = record["meta"]
+    for key, value in make_opt().settings.items():  # the reference trains as the demo does
+        assert meta[key] == value, f"{demo} uses {key} {meta[key]}, the reference {value}"
+    want = nm.replay(demo, record["initial"], record["batches"])
+    bad = {
+        "losses": mismatches({"loss": record["losses"]}, {"loss": want["losses"]}, floor=0.0),
+        "gradients": mismatches(record["gradient"], want["gradients"]),
+        "parameters": mismatches(record["final"], want["parameters"]),
+    }
+    bad = {k: v for k, v in bad.items() if v}
+    assert not bad, f"{demo} differs from the numpy reference: {bad}\n" + (
+        f"losses {record['losses']} vs numpy {want['losses']}"
+    )
+
+
+def progress_lines(out: str) -> bool:
+    return "step 1/" in out or "step  1/" in out
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize(
-    "demo,n,dtype", CASES, ids=[f"{d.removesuffix('.py')}-{n}-{t}" for d, n, t in CASES]
-)
-def test_demo(demo, n, dtype):
-    code, out = run(n, [f"demos/{demo}", "--dtype", dtype], timeout=180)
+@pytest.mark.parametrize("n", [1, 2, 4])
+@pytest.mark.parametrize("demo", TRAINING)
+def test_demo_matches_numpy(demo, n, tmp_path):
+    """float64, a few steps: the demo's own check passes, and the recorded sharded run
+    equals the plain-numpy replay (1 rank: the smoke run of the single-process program)."""
+    path = tmp_path / "record.npz"
+    args = [f"demos/{demo}", "--steps", str(STEPS), "--record", str(path)]
+    code, out = run(n, args, timeout=180)
     assert code == 0, out
-    assert OK in out, out
     assert out.count(OK) == 1, "only rank 0 prints:\n" + out
-    assert "step 1/" in out or "step  1/" in out, out  # the progress lines
+    assert progress_lines(out), out
+    record = load_record(path)
+    assert record["meta"]["world"] == n and len(record["batches"]) == STEPS, record["meta"]
+    check_against_numpy(demo, record)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("demo", TRAINING)
+def test_demo_float32(demo):
+    """float32 on 4 ranks, the default number of steps: the demo's own check."""
+    code, out = run(4, [f"demos/{demo}", "--dtype", "float32"], timeout=180)
+    assert code == 0, out
+    assert out.count(OK) == 1, "only rank 0 prints:\n" + out
+    assert progress_lines(out), out
+
+
+@pytest.mark.mpi
+def test_reshard_demo():
+    """demos/reshard_2x2.py checks every reshard against numpy and raises on a difference."""
+    code, out = run(4, ["demos/reshard_2x2.py"], timeout=120)
+    assert code == 0, out
+    assert out.count("OK: every result equals numpy / the one-process run.") == 1, out
+    assert "Reshards (each checked against numpy):" in out, out
 
 
 @pytest.mark.mpi
@@ -75,3 +157,93 @@ def test_demo_rejects_a_mesh_that_does_not_fit():
     code, out = run(2, ["demos/mlp_dp_mp.py", "--mesh", "2x2"], timeout=60)
     assert code != 0, out
     assert "--mesh 2x2 needs 4 ranks, this run has 2" in out, out
+
+
+# -- the numpy reference itself --------------------------------------------------------------
+def random_params(shapes: dict, rng) -> dict:
+    """Random parameters; LayerNorm weights near 1, so they matter but do not vanish."""
+    return {
+        name: (1.0 + 0.3 * rng.standard_normal(s))
+        if name.endswith(("ln1.weight", "ln2.weight", "ln_f.weight", "norm.weight"))
+        else 0.5 * rng.standard_normal(s)
+        for name, s in shapes.items()
+    }
+
+
+def small_models(rng):
+    """(name, model, params, batch): each demo's model at a small size."""
+    v, c, h, n, b = 11, 8, 2, 5, 3
+    gpt_shapes = {"tok.weight": (v, c), "pos.weight": (n + 2, c)}  # longer table than used
+    for i in range(2):
+        pre = f"blocks.{i}."
+        gpt_shapes |= {pre + f"{ln}.{w}": (c,) for ln in ("ln1", "ln2") for w in ("weight", "bias")}
+        for lin in ("q", "k", "v", "proj"):
+            gpt_shapes |= {pre + f"attn.{lin}.weight": (c, c), pre + f"attn.{lin}.bias": (c,)}
+        gpt_shapes |= {
+            pre + "mlp.fc1.weight": (c, 4 * c),
+            pre + "mlp.fc1.bias": (4 * c,),
+            pre + "mlp.fc2.weight": (4 * c, c),
+            pre + "mlp.fc2.bias": (c,),
+        }
+    gpt_shapes |= {"ln_f.weight": (c,), "ln_f.bias": (c,), "head.weight": (c, v)}
+    ids = rng.integers(0, v, (b, n))
+    ids[0, :2] = 3  # a repeated token: its embedding row adds two gradients
+    labels = rng.integers(0, v, (b, n))
+    mlp_shapes = {
+        "fc1.weight": (5, 6),
+        "fc1.bias": (6,),
+        "norm.weight": (6,),
+        "norm.bias": (6,),
+        "fc2.weight": (6, 3),
+        "fc2.bias": (3,),
+    }
+    xy = (rng.standard_normal((4, 5)), rng.standard_normal((4, 3)))
+    return [
+        ("simple_net", nm.simple_net, random_params({"w0": (5, 7), "w1": (7, 3)}, rng), xy),
+        ("mlp", nm.mlp, random_params(mlp_shapes, rng), xy),
+        (
+            "gpt",
+            lambda p, batch: nm.gpt(p, batch, heads=h),
+            random_params(gpt_shapes, rng),
+            (ids, labels),
+        ),
+    ]
+
+
+@pytest.mark.parametrize("which", ["simple_net", "mlp", "gpt"])
+def test_reference_backward_matches_finite_differences(which):
+    """The hand-written backward of each reference model against central differences of its
+    loss, along a random direction of each parameter tensor in turn."""
+    rng = np.random.default_rng(0)
+    _, model, p, batch = next(m for m in small_models(rng) if m[0] == which)
+    _, grads = model(p, batch)
+    assert set(grads) == set(p)
+    eps = 1e-5
+    for name in p:
+        d = rng.standard_normal(p[name].shape)
+        plus = dict(p, **{name: p[name] + eps * d})
+        minus = dict(p, **{name: p[name] - eps * d})
+        numeric = (model(plus, batch)[0] - model(minus, batch)[0]) / (2 * eps)
+        analytic = float((grads[name] * d).sum())
+        assert abs(numeric - analytic) <= 1e-6 * abs(analytic) + 1e-8, (name, numeric, analytic)
+
+
+def test_reference_optimizers_first_step():
+    """The first Adam step moves by lr * g / (|g| + eps) (bias correction makes m_hat = g,
+    v_hat = g^2); AdamW first shrinks the weight by (1 - lr * wd); SGD moves by lr * g."""
+    w, g = np.array([1.0, -2.0, 0.5]), np.array([0.3, -1e-3, 0.0])
+    lr, eps, wd = 0.1, 1e-4, 0.01
+    p = {"w": w.copy()}
+    nm.SGD(lr).step(p, {"w": g})
+    np.testing.assert_allclose(p["w"], w - lr * g, rtol=1e-15)
+    p = {"w": w.copy()}
+    nm.Adam(lr, eps=eps).step(p, {"w": g})
+    np.testing.assert_allclose(p["w"], w - lr * g / (np.abs(g) + eps), rtol=1e-15)
+    p = {"w": w.copy()}
+    nm.Adam(lr, eps=eps, weight_decay=wd, decoupled=True).step(p, {"w": g})
+    np.testing.assert_allclose(p["w"], w * (1 - lr * wd) - lr * g / (np.abs(g) + eps), rtol=1e-15)
+    # L2 (coupled) decay: the decay enters the gradient, so the moments see g + wd * w
+    p = {"w": w.copy()}
+    nm.Adam(lr, eps=eps, weight_decay=wd).step(p, {"w": g})
+    gw = g + wd * w
+    np.testing.assert_allclose(p["w"], w - lr * gw / (np.abs(gw) + eps), rtol=1e-15)
