@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import oracle
 import pytest
 from op_cases import every_rank
 
@@ -907,11 +908,12 @@ def test_shard_layer_replicates_untouched_and_applies_io_fns():
 
 # -- moves between meshes send only what a rank does not hold ----------------------------------
 def _rows(n: int, ranks: list[int], rank: int) -> set[int]:
-    """The rows of n that ``rank`` holds when Shard(0) over the 1-D mesh ``ranks``
-    (numpy.array_split, written out here) or, for a rank outside, none."""
+    """The rows of n that ``rank`` holds when Shard(0) over the 1-D mesh ``ranks`` (the
+    independent oracle's box) or, for a rank outside, none."""
     if rank not in ranks:
         return set()
-    return set(np.array_split(np.arange(n), len(ranks))[ranks.index(rank)].tolist())
+    (box,) = oracle.local_box((n,), (len(ranks),), (S0,), (ranks.index(rank),))
+    return set(range(n)[box])
 
 
 # name: (source ranks, source placement, target ranks, target placement), in a world of 4
@@ -925,7 +927,7 @@ MOVES = {
 
 
 def _sends_between_meshes(n: int) -> dict:
-    """Per move, what this rank sent: (messages, bytes)."""
+    """Per move, what this rank sent: (messages, bytes, other collectives)."""
     g = np.arange(n * 3.0).reshape(n, 3)
     out = {}
     for name, (a, pa, b, pb) in MOVES.items():
