@@ -28,6 +28,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -36,6 +37,7 @@ import numpy as np
 
 class _State(threading.local):
     enabled = True  # per thread: simulated ranks each have their own switch
+    callbacks: list | None = None  # queue_callback's list while a backward runs
 
 
 _state = _State()
@@ -202,7 +204,62 @@ def backward(tensor: Any, grad: Any = None, retain_graph: bool = False) -> None:
             f"backward: grad has shape {grad.shape} but the tensor has shape {tensor.shape}"
         )
     with no_grad():
-        _run(tensor, grad, retain_graph)
+        _state.callbacks = []
+        try:
+            _run(tensor, grad, retain_graph)
+            callbacks = _state.callbacks
+            _state.callbacks = None
+            for fn in callbacks:
+                fn()
+        finally:
+            _state.callbacks = None
+
+
+def queue_callback(fn: Callable[[], None]) -> None:
+    """Run ``fn()`` once, when the backward pass now running on this thread has finished
+    (after every leaf's ``.grad`` and post-accumulate hook); outside a backward, at once.
+    The data-parallel machinery starts its last reductions here."""
+    if _state.callbacks is None:
+        fn()
+    else:
+        _state.callbacks.append(fn)
+
+
+# Note [Gradient finishers]
+# Data parallelism may leave a parameter's ``.grad`` in flight: its reduction has started but
+# not finished, and ``.grad`` still holds the (correct, Partial) unreduced value. Whoever is
+# about to *use* gradients (an optimizer's step) calls ``finish_grads(params)`` first, which
+# runs each distinct finisher registered for those parameters once; whoever drops them
+# (``zero_grad``) calls ``finish_grads(params, drop=True)``, so the finisher can forget what
+# it accumulated without communicating. A finisher is held weakly: a dropped wrapper stops.
+_finishers: dict[int, tuple[Any, Any]] = {}  # id(param) -> (weakref to param, WeakMethod)
+
+
+def set_grad_finisher(param: Any, method: Any) -> None:
+    """Register the bound method ``method(drop: bool)`` that finishes the gradient of
+    ``param`` before it is used (Note [Gradient finishers]); None removes it."""
+    if method is None:
+        _finishers.pop(id(param), None)
+    else:
+        _finishers[id(param)] = (weakref.ref(param), weakref.WeakMethod(method))
+
+
+def finish_grads(params: Sequence[Any], drop: bool = False) -> None:
+    """Run the finishers of ``params`` (each distinct one once, in the order of ``params``);
+    ``drop``: the gradients are about to be dropped."""
+    if not _finishers:
+        return
+    done: set[int] = set()
+    for p in params:
+        hit = _finishers.get(id(p))
+        if hit is None or hit[0]() is not p:
+            continue
+        fn = hit[1]()
+        if fn is None:
+            del _finishers[id(p)]
+        elif id(fn.__self__) not in done:
+            done.add(id(fn.__self__))
+            fn(drop)
 
 
 def _add(a, b):

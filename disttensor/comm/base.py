@@ -40,15 +40,29 @@ def record(kind: str, nbytes: int) -> None:
 
 
 class Work:
-    """Handle of a non-blocking call; ``wait()`` returns once the buffers are ready."""
+    """Handle of a non-blocking call; ``wait()`` returns once the buffers are ready.
 
-    def __init__(self, wait: Callable[[], None] | None = None) -> None:
+    ``test()`` asks without blocking whether the call has finished, and lets the backend
+    progress it meanwhile (MPI implementations without an asynchronous progress thread move
+    a non-blocking collective forward only inside MPI calls)."""
+
+    def __init__(
+        self, wait: Callable[[], None] | None = None, test: Callable[[], bool] | None = None
+    ) -> None:
         self._wait = wait
+        self._test = test
 
     def wait(self) -> None:
         if self._wait is not None:
-            self._wait()
-            self._wait = None
+            fn, self._wait = self._wait, None
+            fn()
+
+    def test(self) -> bool:
+        if self._wait is None:
+            return True
+        if self._test is not None and self._test():
+            self.wait()  # finished: run the completion step (e.g. a float16 copy back)
+        return self._wait is None
 
     def is_completed(self) -> bool:
         return self._wait is None
@@ -84,10 +98,14 @@ class Communicator:
 
     # -- collectives -------------------------------------------------------------------------
     def allreduce(self, send: np.ndarray, recv: np.ndarray, op: str = "sum") -> None:
+        """``recv`` gets the ``op``-reduction of every rank's ``send``; ``send is recv`` reduces
+        in place."""
         record("all_reduce", send.nbytes)
         self._allreduce(send, recv, op)
 
     def iallreduce(self, send: np.ndarray, recv: np.ndarray, op: str = "sum") -> Work:
+        """Non-blocking ``allreduce`` (in place too): neither buffer may be touched until
+        the returned Work's ``wait()``."""
         record("all_reduce", send.nbytes)
         return self._iallreduce(send, recv, op)
 

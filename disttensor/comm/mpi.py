@@ -27,6 +27,10 @@ def _mpi():
     return MPI
 
 
+def _IN_PLACE():
+    return _mpi().IN_PLACE
+
+
 def _bytes(a: np.ndarray) -> np.ndarray:
     return a.reshape(-1).view(np.uint8)
 
@@ -56,11 +60,12 @@ class MPIComm(Communicator):
     def _reduce_view(self, send: np.ndarray, recv: np.ndarray, op: str):
         """Buffers and MPI op for a reduction, with the dtype work-arounds of the module doc."""
         if send.dtype == np.bool_:
-            return _bytes(send), _bytes(recv), _OPS["min" if op == "min" else "max"], None
+            s = _IN_PLACE() if send is recv else _bytes(send)
+            return s, _bytes(recv), _OPS["min" if op == "min" else "max"], None
         if send.dtype == np.float16:
             wide = np.empty(recv.shape, np.float32)
             return send.astype(np.float32), wide, _OPS[op], wide
-        return send, recv, _OPS[op], None
+        return (_IN_PLACE() if send is recv else send), recv, _OPS[op], None
 
     def _finish(self, recv: np.ndarray, wide, op: str) -> None:
         if wide is not None:
@@ -85,7 +90,7 @@ class MPIComm(Communicator):
             req.Wait()
             self._finish(recv, wide, op)
 
-        return Work(wait)
+        return Work(wait, req.Test)
 
     def _reduce_scatter(self, send, recv, counts, op):
         _mpi()

@@ -103,6 +103,9 @@ class ThreadComm(Communicator):
         return self._group.exchange(self.rank, item, what, compute)
 
     def _allreduce(self, send, recv, op):
+        if send is recv:  # other ranks read the posted buffer while this one writes recv
+            send = send.copy()
+
         def compute(items):
             recv[...] = reduce_arrays(items, op).reshape(recv.shape)
 

@@ -174,7 +174,9 @@ class Module:
 
     def zero_grad(self) -> None:
         """Drop the gradients of every parameter (``.grad = None``)."""
-        for p in self.parameters():
+        params = list(self.parameters())
+        autograd.finish_grads(params, drop=True)  # Note [Gradient finishers]
+        for p in params:
             p.grad = None
 
     def extra_repr(self) -> str:

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..autograd import no_grad
+from ..autograd import finish_grads, no_grad
 from ..tensor import DistTensor, reshard
 
 LR = float | Callable[[int], float]
@@ -70,6 +70,7 @@ class Optimizer:
         return float(lr(max(self.step_count, 1))) if callable(lr) else float(lr)
 
     def zero_grad(self) -> None:
+        finish_grads(self.params, drop=True)  # Note [Gradient finishers]
         for p in self.params:
             p.grad = None
 
@@ -92,6 +93,7 @@ class Optimizer:
 
     def step(self) -> None:
         """One update of every parameter that has a gradient."""
+        finish_grads(self.params)  # reductions still in flight (Note [Gradient finishers])
         self.step_count += 1
         lr = self.lr
         with no_grad():
