@@ -12,6 +12,7 @@ from .creation import arange, empty, full, manual_seed, ones, rand, randn, zeros
 from .debug import CommCounter
 from .mesh import ProcessMesh, init_mesh
 from .nn.sharding import shard_layer
+from .parallel import DataParallel
 from .ops import *  # noqa: F403  (numpy-named ops: dt.add, dt.matmul, dt.sum, ...)
 from .ops import __all__ as _ops_all
 from .placement import Partial, Placement, Replicate, Shard
@@ -24,6 +25,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CommCounter",
+    "DataParallel",
     "DistSpec",
     "DistTensor",
     "Partial",

@@ -1,0 +1,5 @@
+"""Data-parallel machinery: fused gradient buckets, overlap with backward, gradient merge."""
+
+from .data_parallel import DataParallel
+
+__all__ = ["DataParallel"]

@@ -1,0 +1,300 @@
+"""Fused gradient reduction: gradients packed into flat buckets, one all-reduce per bucket.
+
+Note [Gradient buckets]
+    A parameter replicated over the data-parallel mesh dims gets a gradient that is
+    Partial over them (autograd.py, Note [Partial gradients]): each rank holds its batch
+    shard's share, the global value is their reduction. Instead of one all-reduce per
+    gradient, the gradients that reduce over the same group, with the same dtype and reduce
+    type, are copied into one flat buffer (a *bucket*) and reduced with one collective
+    straight from it; afterwards each gradient is a view into the bucket (no copy back).
+
+    * Order. Buckets are filled in the order gradients become final during backward (the
+      post-accumulate-grad hook: reverse of their forward use), so the first bucket is
+      complete early. The first backward decides the layout (a new bucket when the size cap
+      is reached, a smaller cap for the first bucket of each key); later backward passes
+      reuse it, and a bucket is complete when all its members are in. A layout is the same
+      on every rank: the program, and so the gradients' specs, are.
+    * Eligibility. A gradient is bucketed when it is Partial over one or more of the
+      data-parallel dims with one reduce type, any other Partial dim having that type too
+      (so the reductions commute, Note [Partial order]); everything else (a gradient
+      already reduced, a parameter sharded over the data-parallel dims, ZeRO-style) is left
+      to the optimizer's own reshard. Tensor-parallel dims are never reduced here.
+    * Changes. A gradient whose spec differs from its layout slot (or a new one) is left to
+      the optimizer for this step; its slot is zero-filled and the layout is rebuilt at the
+      next reduction. A member without a gradient this step is zero-filled and gets none.
+    * Scaling. The data-parallel mean is already in the gradient's global value (the loss
+      is a mean over the global batch, and its gradient divides by the global batch size):
+      nothing is scaled per rank. Gradient merge divides the reduced bucket by the number
+      of accumulated micro-steps: one multiply on the flat buffer, after the reduction.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .. import comm
+from ..placement import Replicate
+from ..spec import DistSpec
+
+log = logging.getLogger("disttensor")
+
+MiB = 1 << 20
+
+
+@dataclass
+class Member:
+    param: Any
+    spec: DistSpec  # the gradient's spec it was placed with
+    reduced: DistSpec  # the spec after the reduction (data-parallel Partials -> Replicate)
+    offset: int
+    size: int
+    shape: tuple[int, ...]  # local shape
+
+
+@dataclass
+class Bucket:
+    key: tuple  # (partial mesh dims, dtype, reduce type)
+    group: Any  # the communicator over the key's mesh dims that holds this rank
+    members: list[Member] = field(default_factory=list)
+    size: int = 0  # elements
+    buffer: np.ndarray | None = None
+    work: Any = None  # the reduction in flight
+    present: list[bool] = field(default_factory=list)  # per member: packed this round
+    filled: int = 0  # members accounted for this round (packed, or known absent)
+    launched: bool = False
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * np.dtype(self.key[1]).itemsize
+
+    def add(self, p: Any, spec: DistSpec, reduced: DistSpec, shape: tuple[int, ...]) -> None:
+        n = int(np.prod(shape, dtype=np.int64))
+        self.members.append(Member(p, spec, reduced, self.size, n, shape))
+        self.size += n
+
+
+def bucket_key(spec: DistSpec, dims: tuple[int, ...]) -> tuple | None:
+    """(dims it reduces over, dtype, reduce type) of a gradient spec, or None when the
+    gradient is not bucketed (Note [Gradient buckets], Eligibility)."""
+    placements = spec.placements
+    over = tuple(m for m in dims if placements[m].is_partial())
+    if not over:
+        return None
+    types = {
+        placements[m].reduce_type for m in range(len(placements)) if placements[m].is_partial()
+    }
+    if len(types) != 1:
+        return None
+    return over, spec.dtype.str, types.pop()
+
+
+def reduced_spec(spec: DistSpec, over: tuple[int, ...]) -> DistSpec:
+    pl = list(spec.placements)
+    for m in over:
+        pl[m] = Replicate()
+    return spec.replace(placements=pl)
+
+
+def group_ranks(mesh, over: tuple[int, ...], rank: int) -> tuple[int, ...]:
+    """The ranks that share ``rank``'s coordinate on every mesh dim outside ``over``."""
+    coord = mesh.get_coord(rank)
+    index = tuple(slice(None) if m in over else c for m, c in enumerate(coord))
+    return tuple(int(r) for r in mesh.mesh[index].reshape(-1))
+
+
+class Reducer:
+    """Buckets the Partial gradients of ``params`` over mesh ``dims`` and reduces them
+    (Note [Gradient buckets]). ``caps`` are (first bucket, other buckets) in bytes; a cap of
+    0 puts every gradient in its own bucket (fusion off)."""
+
+    def __init__(self, params: list, mesh, dims: tuple[int, ...], caps: tuple[int, int]) -> None:
+        self.params = params
+        self.mesh = mesh
+        self.dims = dims
+        self.caps = caps
+        self.buckets: list[Bucket] = []  # the layout, in launch order
+        self.slots: dict[int, tuple[Bucket, int]] = {}  # id(param) -> (bucket, member index)
+        self.building: dict[tuple, Bucket] | None = None  # open buckets while a layout forms
+        self.stale = False
+        self.announced = False
+
+    # -- one round: members arrive (final gradients), buckets launch, finish waits ----------
+    def begin(self) -> None:
+        """A new round of reductions: no layout yet (or a stale one) means build one."""
+        self.wait_all()
+        if not self.buckets or self.stale:
+            self.buckets, self.slots, self.stale = [], {}, False
+            self.building = {}
+        for b in self.buckets:
+            b.present = [False] * len(b.members)
+            b.filled, b.launched = 0, False
+
+    def arrive(self, p: Any, launch: bool) -> None:
+        """``p.grad`` is final for this round: place it; launch its bucket when complete
+        (``launch``) or leave it for ``flush``."""
+        g = p.grad
+        if self.building is not None:
+            self._place_new(p, g, launch)
+            return
+        slot = self.slots.get(id(p))
+        if slot is None:  # a gradient the layout does not know
+            if bucket_key(g._spec, self.dims) is not None:
+                self.stale = True
+            return
+        b, i = slot
+        if b.launched or b.present[i]:
+            return  # already reduced this round (a second backward before the step)
+        if g._spec != b.members[i].spec:
+            self.stale = True  # left to the optimizer; the slot is zero-filled
+        else:
+            b.present[i] = True
+        b.filled += 1
+        if launch and b.filled == len(b.members):
+            self._launch(b, blocking=False)
+
+    def _place_new(self, p: Any, g: Any, launch: bool) -> None:
+        key = bucket_key(g._spec, self.dims)
+        if key is None or id(p) in self.slots:
+            return
+        b = self.building.get(key)
+        itemsize = g._spec.dtype.itemsize
+        if b is not None and b.members:  # each bucket holds up to its cap (one gradient more
+            first = not any(x.key == key for x in self.buckets)  # only when that one is larger)
+            if b.nbytes + g._local.size * itemsize > self.caps[0 if first else 1]:
+                self._close(b)
+                if launch:
+                    self._launch(b, blocking=False)
+                b = None
+        if b is None:
+            group = comm.group(group_ranks(self.mesh, key[0], comm.get_rank()))
+            b = self.building[key] = Bucket(key, group)
+        b.add(p, g._spec, reduced_spec(g._spec, key[0]), g._local.shape)
+        b.present.append(True)
+        b.filled += 1
+        self.slots[id(p)] = (b, len(b.members) - 1)
+
+    def _close(self, b: Bucket) -> None:
+        del self.building[b.key]
+        b.buffer = np.empty(b.size, np.dtype(b.key[1]))
+        self.buckets.append(b)
+
+    def end_of_backward(self, launch: bool) -> None:
+        """The backward pass has ended: close the buckets still forming, launch the rest."""
+        if self.building is not None:
+            for b in list(self.building.values()):
+                self._close(b)
+            self.building = None
+            self._announce()
+        if launch:
+            for b in self.buckets:
+                if not b.launched:
+                    self._launch(b, blocking=False)
+
+    def poke(self) -> None:
+        """Let MPI progress the reductions in flight (a cheap test of each)."""
+        for b in self.buckets:
+            if b.work is not None:
+                b.work.test()
+
+    def flush(self, order: list) -> None:
+        """Reduce now, blocking, every bucket not yet launched, after ``begin`` (this round's
+        arrivals, if any, are placed). Members that did not arrive are taken from their
+        current ``.grad``; ``order`` places the parameters when no layout exists yet."""
+        if self.building is not None:
+            for p in order:
+                if p.grad is not None:
+                    self._place_new(p, p.grad, launch=False)
+            self.end_of_backward(launch=False)
+        else:
+            for b in self.buckets:
+                if b.launched:
+                    continue
+                for i, m in enumerate(b.members):
+                    if not b.present[i]:
+                        g = m.param.grad
+                        b.present[i] = g is not None and g._spec == m.spec
+        for b in self.buckets:
+            if not b.launched:
+                self._launch(b, blocking=True)
+
+    def _launch(self, b: Bucket, blocking: bool) -> None:
+        buf = b.buffer
+        for m, here in zip(b.members, b.present):
+            view = buf[m.offset : m.offset + m.size]
+            if here:
+                np.copyto(view.reshape(m.shape), m.param.grad._local)
+            else:
+                view[...] = 0
+        b.launched = True
+        if blocking:
+            b.group.allreduce(buf, buf, b.key[2])
+        else:
+            b.work = b.group.iallreduce(buf, buf, b.key[2])
+
+    def finish(self, scale: float) -> set[int]:
+        """Wait for every launched bucket, multiply by ``scale`` (gradient merge's mean),
+        and make each present member's gradient a view into its bucket; returns the ids of
+        those parameters."""
+        from ..tensor import DistTensor
+
+        done = set()
+
+        for b in self.buckets:
+            if not b.launched:
+                continue
+            if b.work is not None:
+                b.work.wait()
+                b.work = None
+            if scale != 1.0:
+                b.buffer *= scale
+            for m, here in zip(b.members, b.present):
+                if here:
+                    view = b.buffer[m.offset : m.offset + m.size].reshape(m.shape)
+                    m.param.grad = DistTensor(view, m.reduced)
+                    done.add(id(m.param))
+            b.launched = False
+        return done
+
+    def wait_all(self) -> None:
+        """Wait for reductions in flight without using them (buffers about to be reused)."""
+        for b in self.buckets:
+            if b.work is not None:
+                b.work.wait()
+                b.work = None
+            b.launched = False
+
+    def _announce(self) -> None:
+        if self.announced or not self.buckets:
+            return
+        self.announced = True
+        n = sum(len(b.members) for b in self.buckets)
+        names = self.mesh.dim_names
+        over = sorted({tuple(names[m] for m in b.key[0]) for b in self.buckets})
+        sizes = ", ".join(f"{b.nbytes / MiB:.1f} MiB" for b in self.buckets)
+        log.info(
+            "disttensor: %d gradient all-reduces fused into %d buckets (%s) over %s",
+            n,
+            len(self.buckets),
+            sizes,
+            " and ".join("x".join(o) for o in over),
+        )
+
+    def summary(self) -> dict[str, Any]:
+        """The layout: gradients, buckets, and each bucket's bytes and member count."""
+        return {
+            "gradients": sum(len(b.members) for b in self.buckets),
+            "buckets": [
+                {
+                    "bytes": b.nbytes,
+                    "gradients": len(b.members),
+                    "dtype": b.key[1],
+                    "dims": [self.mesh.dim_names[m] for m in b.key[0]],
+                    "reduce": b.key[2],
+                }
+                for b in self.buckets
+            ],
+        }

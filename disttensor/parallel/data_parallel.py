@@ -1,0 +1,178 @@
+"""``dt.DataParallel``: fused, overlapped gradient reduction and gradient merge, eagerly.
+
+The eager form of the data-parallel passes of the seed papers: gradients are reduced in a few
+large buckets instead of one all-reduce each (Note [Gradient buckets]), a bucket's reduction
+starts during backward as soon as its last gradient is final (overlap), nothing scales the
+gradients per rank, and ``k_steps`` backward passes accumulate locally before one reduction
+(gradient merge). The training loop is the ordinary one::
+
+    dp_model = dt.DataParallel(model, mesh, dim="dp")
+    opt = dt.optim.SGD(dp_model.parameters(), lr=0.1)
+    for x, y in batches:                      # x, y Shard(0) over "dp"
+        loss = loss_fn(dp_model(x), y)
+        loss.backward()                       # buckets reduce while backward runs
+        opt.step()                            # waits for what is still in flight
+        opt.zero_grad()
+
+With ``k_steps=k``, call ``opt.step(); opt.zero_grad()`` after every k-th ``backward()``.
+
+>>> import numpy as np, disttensor as dt
+>>> def train():
+...     mesh = dt.ProcessMesh([0, 1], dim_names=["dp"])
+...     model = dt.DataParallel(dt.nn.Linear(3, 1, mesh=mesh), mesh, dim="dp")
+...     x = dt.shard_tensor(np.ones((4, 3)), mesh, [dt.Shard(0)])
+...     with dt.CommCounter() as cc:
+...         model(x).sum().backward()     # the bucket's reduction starts here
+...         model.finish_gradients()      # and is waited for here
+...     return cc.counts, model.module.weight.grad.placements
+>>> dt.simulate(2, train)[0]
+({'all_reduce': 1}, [Replicate()])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .. import autograd
+from ..mesh import ProcessMesh
+from ..nn.module import Module
+from ..placement import Replicate
+from .buckets import MiB, Reducer
+
+
+class DataParallel(Module):
+    """Wrap ``model`` for data parallelism over the mesh dim(s) ``dim`` of ``mesh``.
+
+    Its forward is the model's and its parameters are the model's (``dp_model.module``).
+    Gradients Partial over ``dim`` are packed into buckets of up to ``bucket_size_mb`` MiB
+    (the first ``first_bucket_size_mb``), one all-reduce each; ``fuse=False`` reduces every
+    gradient on its own. With ``overlap`` a bucket's non-blocking all-reduce starts during
+    backward; otherwise all of them run when the gradients are used. ``k_steps`` backward
+    passes accumulate before one reduction; ``avg`` divides the merged gradient by the
+    number of passes (the mean over the k-times larger batch), else it is their sum.
+    Gradients are finished (waited for, made Replicate over ``dim``) by any dt optimizer's
+    ``step()`` or by ``finish_gradients()``.
+    """
+
+    def __init__(
+        self,
+        model: Module,
+        mesh: ProcessMesh,
+        dim: str | int | Sequence[str | int] = "dp",
+        bucket_size_mb: float = 25.0,
+        first_bucket_size_mb: float = 1.0,
+        overlap: bool = True,
+        k_steps: int = 1,
+        avg: bool = True,
+        fuse: bool = True,
+    ) -> None:
+        if not isinstance(model, Module):
+            raise TypeError(f"DataParallel wraps a dt.nn.Module, got {type(model).__name__}")
+        if not isinstance(mesh, ProcessMesh):
+            raise TypeError(f"DataParallel needs a dt.ProcessMesh, got {type(mesh).__name__}")
+        names = [dim] if isinstance(dim, (str, int)) else list(dim)
+        if not names:
+            raise ValueError("DataParallel: dim names no mesh dim; give one or a list")
+        dims = tuple(sorted({mesh.dim_index(d) for d in names}))  # raises on unknown names
+        for what, v in (
+            ("bucket_size_mb", bucket_size_mb),
+            ("first_bucket_size_mb", first_bucket_size_mb),
+        ):
+            if not (isinstance(v, (int, float)) and v > 0):
+                raise ValueError(f"DataParallel: {what} must be a positive number, got {v!r}")
+        if isinstance(k_steps, bool) or not isinstance(k_steps, int) or k_steps < 1:
+            raise ValueError(f"DataParallel: k_steps must be an integer >= 1, got {k_steps!r}")
+        super().__init__()
+        self.module = model
+        self.mesh, self.dims = mesh, dims
+        self.overlap, self.k_steps, self.avg, self.fuse = bool(overlap), k_steps, bool(avg), fuse
+        caps = (int(first_bucket_size_mb * MiB), int(bucket_size_mb * MiB)) if fuse else (0, 0)
+        # every parameter counts backward passes and is scaled by gradient merge; those on
+        # the mesh, replicated over the dims, have the gradients that buckets reduce
+        self._all = list(model.parameters())
+        self._params = [
+            p
+            for p in self._all
+            if p.mesh == mesh and all(p.placements[m] == Replicate() for m in dims)
+        ]
+        self._bucketed = {id(p) for p in self._params}
+        if not self._params:
+            raise ValueError(
+                f"DataParallel: no parameter of the model lives on {mesh} replicated over "
+                f"{[mesh.dim_names[m] for m in dims]}; build the model on this mesh (e.g. "
+                "Linear(..., mesh=mesh)) or place it with dt.shard_layer first"
+            )
+        self._reducer = Reducer(self._params, mesh, dims, caps)
+        self._micro = 0  # backward passes accumulated since the last reduction
+        self._backward = None  # the backward pass now running (autograd's callback list)
+        self._round = False  # this reduction round has begun (its buckets are reset)
+        self._removers = []
+        for p in self._all:
+            if autograd._finishers.get(id(p), (lambda: None,))[0]() is p:
+                raise ValueError(
+                    f"DataParallel: a parameter of shape {p.shape} is already wrapped by "
+                    "another DataParallel; wrap the model once"
+                )
+        for p in self._all:
+            self._removers.append(p.register_post_accumulate_grad_hook(self._on_grad))
+            autograd.set_grad_finisher(p, self._finish)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.module(*args, **kwargs)
+
+    # -- backward: a gradient is final -----------------------------------------------------
+    def _on_grad(self, p: Any) -> None:
+        running = autograd._state.callbacks
+        if running is not self._backward:  # the first gradient of a new backward pass
+            self._backward = running
+            self._micro += 1
+            if self._micro >= self.k_steps:  # gradient merge: only the k-th pass reduces
+                self._reducer.begin()
+                self._round = True
+                autograd.queue_callback(self._end_of_backward)
+        if self._round and id(p) in self._bucketed:
+            self._reducer.arrive(p, launch=self.overlap)
+            if self.overlap:
+                self._reducer.poke()
+
+    def _end_of_backward(self) -> None:
+        self._backward = None
+        self._reducer.end_of_backward(launch=self.overlap)
+
+    # -- using the gradients ---------------------------------------------------------------
+    def _finish(self, drop: bool = False) -> None:
+        """Note [Gradient finishers]: wait for (or run) the reductions, then the gradients
+        are Replicate over the data-parallel dims; ``drop`` forgets what was accumulated."""
+        self._backward = None
+        if drop or self._micro == 0:
+            self._reducer.wait_all()
+            self._micro, self._round = 0, False
+            return
+        if not self._round:  # fewer than k_steps passes, or none reduced yet: reduce now
+            self._reducer.begin()
+        self._reducer.flush(self._params[::-1])  # no layout yet: reverse forward order
+        scale = 1.0 / self._micro if self.avg and self.k_steps > 1 else 1.0
+        done = self._reducer.finish(scale)
+        if scale != 1.0:  # gradients no bucket holds (none is Partial on one rank, ZeRO-style
+            with autograd.no_grad():  # shards, ...) take the merge's mean one by one
+                for p in self._all:
+                    if p.grad is not None and id(p) not in done:
+                        p.grad = p.grad * scale
+        self._micro, self._round = 0, False
+
+    def finish_gradients(self) -> None:
+        """Finish the gradients now (what an optimizer's ``step()`` does first): wait for the
+        reductions in flight, or run them; afterwards every bucketed ``.grad`` is Replicate
+        over the data-parallel dims. Collective over the mesh."""
+        self._finish()
+
+    @property
+    def buckets(self) -> dict[str, Any]:
+        """The bucket layout decided by the first reduction: {"gradients": n, "buckets":
+        [{"bytes", "gradients", "dtype", "dims", "reduce"}, ...]} (empty before it)."""
+        return self._reducer.summary()
+
+    def extra_repr(self) -> str:
+        names = [self.mesh.dim_names[m] for m in self.dims]
+        return f"dim={names}, overlap={self.overlap}, k_steps={self.k_steps}, fuse={self.fuse}"
