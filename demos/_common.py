@@ -50,13 +50,24 @@ def _positive(text: str) -> int:
     return n
 
 
-def options(doc: str, steps: int, mesh: bool = True) -> argparse.ArgumentParser:
-    """The common command line: --dtype, --steps, and (for 2-D demos) --mesh DPxMP."""
+def options(
+    doc: str, steps: int, mesh: bool = True, data_parallel: bool = True
+) -> argparse.ArgumentParser:
+    """The common command line: --dtype, --steps, (for 2-D demos) --mesh DPxMP, and (for
+    demos with a "dp" mesh dim) --dp fused|plain."""
     p = argparse.ArgumentParser(description=doc.splitlines()[0])
     p.add_argument("--dtype", choices=sorted(TOLERANCE, reverse=True), default="float64")
     p.add_argument("--steps", type=_positive, default=steps, help=f"default {steps}")
     if mesh:
         p.add_argument("--mesh", default=None, help="DPxMP, e.g. 2x2 (default: from the world)")
+    if data_parallel:
+        p.add_argument(
+            "--dp",
+            choices=["fused", "plain"],
+            default="fused",
+            help="fused (default): dt.DataParallel reduces the gradients in buckets during "
+            "backward; plain: opt.step() all-reduces each gradient on its own",
+        )
     # hidden: add 1e-3 to one rank's shard of one parameter, to see the self-check fail
     p.add_argument("--perturb", action="store_true", help=argparse.SUPPRESS)
     # hidden: save the sharded run's training to an .npz for a plain-numpy replay (``fit``)
@@ -121,10 +132,34 @@ class Stopwatch:
         self.seconds = time.perf_counter() - self.start
 
 
-def fit(opt, batches, loss_of, named, steps: int, show: bool = False) -> dict:
+def data_parallel(model: dt.nn.Module, mesh: dt.ProcessMesh, mode: str):
+    """``model`` wrapped in dt.DataParallel over "dp" when ``mode`` is "fused" and the mesh
+    has a "dp" dim, else None (the optimizer reduces each gradient on its own)."""
+    if mode != "fused" or "dp" not in mesh.dim_names:
+        return None
+    return dt.DataParallel(model, mesh, dim="dp")
+
+
+def describe_buckets(dp) -> str:
+    """How the data-parallel gradients were reduced, for the collectives line."""
+    if dp is None:
+        return "data parallel: each gradient all-reduced on its own in opt.step() (--dp plain)"
+    layout = dp.buckets
+    if not layout["buckets"]:
+        return "data parallel: nothing to reduce (dp is 1)"
+    sizes = ", ".join(f"{b['bytes'] / 2**20:.2f} MiB" for b in layout["buckets"])
+    return (
+        f"data parallel: {layout['gradients']} gradient all-reduces fused into "
+        f"{len(layout['buckets'])} bucket(s) ({sizes}), started during backward"
+    )
+
+
+def fit(opt, batches, loss_of, named, steps: int, show: bool = False, dp=False) -> dict:
     """The training loop of every demo: per batch, ``loss_of(batch)`` (forward), backward and
     ``opt.step()``, timed and with each phase's collectives counted; rank 0 prints a line per
-    step when ``show``. ``named()`` gives the (name, parameter) pairs. Returns what ``check``
+    step when ``show``. ``named()`` gives the (name, parameter) pairs; ``dp`` is the run's
+    dt.DataParallel wrapper, whose buckets the summary names (None: --dp plain; False: the
+    demo has no data parallelism). Returns what ``check``
     compares: losses, the last step's gradients, the final parameters.
 
     With ``--record PATH``, the run that shows its progress (the sharded one: each demo's
@@ -155,6 +190,8 @@ def fit(opt, batches, loss_of, named, steps: int, show: bool = False) -> dict:
             progress(step, steps, losses[-1], t.seconds)
     if show:
         say("collectives per step: " + collectives(forward=fwd, backward=bwd, optimizer=upd))
+        if dp is not False:
+            say(describe_buckets(dp))
     pairs = list(named())
     result = {
         "losses": dict(enumerate(losses, 1)),

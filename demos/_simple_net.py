@@ -5,7 +5,7 @@ on a 1-D mesh of every rank with the placements the demo gives, then again on on
 from __future__ import annotations
 
 import numpy as np
-from _common import check, fit, ok, options, perturb, say, single_mesh
+from _common import check, data_parallel, fit, ok, options, perturb, say, single_mesh
 
 import disttensor as dt
 
@@ -26,8 +26,11 @@ def loss_fn(x, y, w0, w1):
     return dt.mean(dt.square(dt.subtract(out, y)))  # MSE: subtract, square, mean
 
 
-def train(mesh, placements: dict, steps: int, dtype, show: bool = False, bad: bool = False):
-    """Train on ``mesh`` with ``placements`` ("x", "w0", "w1"; a one-rank mesh: Replicate)."""
+def train(
+    mesh, placements: dict, steps: int, dtype, show: bool = False, bad: bool = False, dp="plain"
+):
+    """Train on ``mesh`` with ``placements`` ("x", "w0", "w1"; a one-rank mesh: Replicate);
+    ``dp`` "fused" reduces the gradients with dt.DataParallel (on a "dp" mesh)."""
     if mesh.size == 1:
         placements = dict.fromkeys(placements, dt.Replicate())
     w0 = weight((IN, HIDDEN), 1, mesh, placements["w0"], dtype)
@@ -35,6 +38,9 @@ def train(mesh, placements: dict, steps: int, dtype, show: bool = False, bad: bo
     if bad:
         perturb(w0)
     opt = dt.optim.SGD([w0, w1], lr=0.05)
+    weights = dt.nn.Module()  # DataParallel takes a Module: this one only holds the weights
+    weights.w0, weights.w1 = w0, w1
+    wrapper = data_parallel(weights, mesh, dp) if "dp" in mesh.dim_names else False
     rng = np.random.default_rng(0)  # the same batches on every rank
 
     def loss_of(batch):  # the target is split like the input
@@ -44,11 +50,11 @@ def train(mesh, placements: dict, steps: int, dtype, show: bool = False, bad: bo
     data = (
         (rng.standard_normal((BATCH, IN)), rng.standard_normal((BATCH, OUT))) for _ in range(steps)
     )
-    return fit(opt, data, loss_of, lambda: [("w0", w0), ("w1", w1)], steps, show)
+    return fit(opt, data, loss_of, lambda: [("w0", w0), ("w1", w1)], steps, show, wrapper)
 
 
 def main(doc: str, dim_name: str, placements: dict, what: str) -> None:
-    args = options(doc, steps=5, mesh=False).parse_args()
+    args = options(doc, steps=5, mesh=False, data_parallel=dim_name == "dp").parse_args()
     world = dt.get_world_size()
     mesh = dt.ProcessMesh(list(range(world)), dim_names=[dim_name])
     say(
@@ -57,6 +63,7 @@ def main(doc: str, dim_name: str, placements: dict, what: str) -> None:
         + ", ".join(f"{k} {p}" for k, p in placements.items())
     )
     dtype = np.dtype(args.dtype)
-    sharded = train(mesh, placements, args.steps, dtype, show=True, bad=args.perturb)
+    mode = getattr(args, "dp", "plain")
+    sharded = train(mesh, placements, args.steps, dtype, show=True, bad=args.perturb, dp=mode)
     single = train(single_mesh(), placements, args.steps, dtype)
     ok(check(sharded, single, args.dtype), args.dtype)

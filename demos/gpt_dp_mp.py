@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 from _common import (
     check,
+    data_parallel,
     fail,
     fit,
     mesh_2d,
@@ -66,8 +67,11 @@ def batches(steps: int):
         yield window[:, :-1], window[:, 1:]
 
 
-def train(mesh: dt.ProcessMesh, steps: int, dtype, show: bool = False, bad: bool = False):
-    """Train on ``mesh`` (2-D: sharded; one rank: the single-process program)."""
+def train(
+    mesh: dt.ProcessMesh, steps: int, dtype, show: bool = False, bad: bool = False, dp="plain"
+):
+    """Train on ``mesh`` (2-D: sharded; one rank: the single-process program); ``dp``
+    "fused" reduces the data-parallel gradients with dt.DataParallel."""
     dt.manual_seed(0)  # the same initial weights on every mesh
     model = GPT(dtype)
     sharded = mesh.ndim == 2
@@ -79,12 +83,14 @@ def train(mesh: dt.ProcessMesh, steps: int, dtype, show: bool = False, bad: bool
     # would differ from itself under any other summation order by ~1e-3 after one step.
     opt = dt.optim.AdamW(model.parameters(), lr=1e-2, eps=1e-4, weight_decay=0.01)
     placements = [dt.Shard(0), dt.Replicate()] if sharded else [dt.Replicate()]
+    wrapper = data_parallel(model, mesh, dp)
+    net = wrapper or model  # the wrapper's forward is the model's
 
     def loss_of(batch):
         ids, labels = (dt.shard_tensor(a, mesh, placements) for a in batch)
-        return dt.cross_entropy(model(ids), labels)  # class axis split: vocab-parallel
+        return dt.cross_entropy(net(ids), labels)  # class axis split: vocab-parallel
 
-    return fit(opt, batches(steps), loss_of, model.named_parameters, steps, show)
+    return fit(opt, batches(steps), loss_of, model.named_parameters, steps, show, wrapper)
 
 
 def main() -> None:
@@ -97,7 +103,7 @@ def main() -> None:
         f"{BATCH}, AdamW, {dtype}\nmesh {dp}x{mp} (dp x mp): batch split {dp} ways; "
         f"embedding, blocks and lm head tensor-parallel {mp} ways"
     )
-    sharded = train(mesh, args.steps, dtype, show=True, bad=args.perturb)
+    sharded = train(mesh, args.steps, dtype, show=True, bad=args.perturb, dp=args.dp)
     single = train(single_mesh(), args.steps, dtype)
     worst = check(sharded, single, args.dtype)
     losses = sharded["losses"]

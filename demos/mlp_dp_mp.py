@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 from _common import (
     check,
+    data_parallel,
     fit,
     mesh_2d,
     ok,
@@ -51,8 +52,11 @@ def batches(steps: int, dtype):
         yield x.astype(dtype), y.astype(dtype)
 
 
-def train(mesh: dt.ProcessMesh, steps: int, dtype, show: bool = False, bad: bool = False):
-    """Train on ``mesh`` (2-D: sharded; one rank: the single-process program)."""
+def train(
+    mesh: dt.ProcessMesh, steps: int, dtype, show: bool = False, bad: bool = False, dp="plain"
+):
+    """Train on ``mesh`` (2-D: sharded; one rank: the single-process program); ``dp``
+    "fused" reduces the data-parallel gradients with dt.DataParallel."""
     dt.manual_seed(0)  # the same initial weights on every mesh
     model = Net(dtype)
     sharded = mesh.ndim == 2
@@ -61,12 +65,14 @@ def train(mesh: dt.ProcessMesh, steps: int, dtype, show: bool = False, bad: bool
         perturb(model.fc1.weight)
     opt = dt.optim.Adam(model.parameters(), lr=1e-2)
     placements = [dt.Shard(0), dt.Replicate()] if sharded else [dt.Replicate()]
+    wrapper = data_parallel(model, mesh, dp)
+    net = wrapper or model  # the wrapper's forward is the model's
 
     def loss_of(batch):
         x, y = (dt.shard_tensor(a, mesh, placements) for a in batch)
-        return dt.nn.MSELoss()(model(x), y)
+        return dt.nn.MSELoss()(net(x), y)
 
-    return fit(opt, batches(steps, dtype), loss_of, model.named_parameters, steps, show)
+    return fit(opt, batches(steps, dtype), loss_of, model.named_parameters, steps, show, wrapper)
 
 
 def main() -> None:
@@ -79,7 +85,7 @@ def main() -> None:
         f"batch {BATCH}\nmesh {dp}x{mp} (dp x mp): batch split {dp} ways, "
         f"fc1 column- and fc2 row-parallel {mp} ways"
     )
-    sharded = train(mesh, args.steps, dtype, show=True, bad=args.perturb)
+    sharded = train(mesh, args.steps, dtype, show=True, bad=args.perturb, dp=args.dp)
     single = train(single_mesh(), args.steps, dtype)
     ok(check(sharded, single, args.dtype), args.dtype)
 

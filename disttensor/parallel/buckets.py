@@ -114,7 +114,7 @@ class Reducer:
     def __init__(self, params: list, mesh, dims: tuple[int, ...], caps: tuple[int, int]) -> None:
         self.params = params
         self.mesh = mesh
-        self.dims = dims
+        self.dims = tuple(m for m in dims if mesh.shape[m] > 1)  # size 1: nothing to reduce
         self.caps = caps
         self.buckets: list[Bucket] = []  # the layout, in launch order
         self.slots: dict[int, tuple[Bucket, int]] = {}  # id(param) -> (bucket, member index)
