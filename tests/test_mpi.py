@@ -71,3 +71,12 @@ def test_train_step_benchmark_runs():
     assert code == 0, out
     assert "agreement check (float64, 3 steps): losses, gradients and parameters agree" in out, out
     assert "speed-up" in out, out
+
+
+@pytest.mark.mpi
+def test_mpi_progress_benchmark_runs():
+    """bench/mpi_progress.py --quick measures how much of a non-blocking all-reduce is
+    hidden behind numpy work; the numbers are not asserted."""
+    code, out = run(2, ["bench/mpi_progress.py", "--quick"], timeout=120)
+    assert code == 0, out
+    assert "hidden" in out and "no test" in out, out

@@ -109,10 +109,11 @@ class DataParallel(Module):
         self._round = False  # this reduction round has begun (its buckets are reset)
         self._removers = []
         for p in self._all:
-            if autograd._finishers.get(id(p), (lambda: None,))[0]() is p:
+            hit = autograd._finishers.get(id(p))
+            if hit is not None and hit[0]() is p and hit[1]() is not None:
                 raise ValueError(
                     f"DataParallel: a parameter of shape {p.shape} is already wrapped by "
-                    "another DataParallel; wrap the model once"
+                    "another DataParallel; wrap the model once (or .unwrap() the other)"
                 )
         for p in self._all:
             self._removers.append(p.register_post_accumulate_grad_hook(self._on_grad))
@@ -166,6 +167,17 @@ class DataParallel(Module):
         reductions in flight, or run them; afterwards every bucketed ``.grad`` is Replicate
         over the data-parallel dims. Collective over the mesh."""
         self._finish()
+
+    def unwrap(self) -> Module:
+        """Finish what is in flight, remove this wrapper's hooks from the parameters, and
+        return the model (whose gradients the optimizer then reduces one by one)."""
+        self._finish(drop=True)
+        for remove in self._removers:
+            remove()
+        for p in self._all:
+            autograd.set_grad_finisher(p, None)
+        self._removers = []
+        return self.module
 
     @property
     def buckets(self) -> dict[str, Any]:
