@@ -111,7 +111,9 @@ class Reducer:
     (Note [Gradient buckets]). ``caps`` are (first bucket, other buckets) in bytes; a cap of
     0 puts every gradient in its own bucket (fusion off)."""
 
-    def __init__(self, params: list, mesh, dims: tuple[int, ...], caps: tuple[int, int]) -> None:
+    def __init__(
+        self, params: list, mesh, dims: tuple[int, ...], caps: tuple[float, float]
+    ) -> None:
         self.params = params
         self.mesh = mesh
         self.dims = tuple(m for m in dims if mesh.shape[m] > 1)  # size 1: nothing to reduce
@@ -276,9 +278,10 @@ class Reducer:
         over = sorted({tuple(names[m] for m in b.key[0]) for b in self.buckets})
         sizes = ", ".join(f"{b.nbytes / MiB:.1f} MiB" for b in self.buckets)
         log.info(
-            "disttensor: %d gradient all-reduces fused into %d buckets (%s) over %s",
+            "disttensor: %d gradient all-reduces fused into %d bucket%s (%s) over %s",
             n,
             len(self.buckets),
+            "" if len(self.buckets) == 1 else "s",
             sizes,
             " and ".join("x".join(o) for o in over),
         )

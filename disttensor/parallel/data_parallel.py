@@ -31,7 +31,9 @@ With ``k_steps=k``, call ``opt.step(); opt.zero_grad()`` after every k-th ``back
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import numbers
+import weakref
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import autograd
@@ -71,7 +73,7 @@ class DataParallel(Module):
             raise TypeError(f"DataParallel wraps a dt.nn.Module, got {type(model).__name__}")
         if not isinstance(mesh, ProcessMesh):
             raise TypeError(f"DataParallel needs a dt.ProcessMesh, got {type(mesh).__name__}")
-        names = [dim] if isinstance(dim, (str, int)) else list(dim)
+        names = [dim] if isinstance(dim, (str, numbers.Integral)) else list(dim)
         if not names:
             raise ValueError("DataParallel: dim names no mesh dim; give one or a list")
         dims = tuple(sorted({mesh.dim_index(d) for d in names}))  # raises on unknown names
@@ -79,15 +81,19 @@ class DataParallel(Module):
             ("bucket_size_mb", bucket_size_mb),
             ("first_bucket_size_mb", first_bucket_size_mb),
         ):
-            if not (isinstance(v, (int, float)) and v > 0):
-                raise ValueError(f"DataParallel: {what} must be a positive number, got {v!r}")
-        if isinstance(k_steps, bool) or not isinstance(k_steps, int) or k_steps < 1:
+            if isinstance(v, bool) or not (isinstance(v, numbers.Real) and v > 0):
+                raise ValueError(
+                    f"DataParallel: {what} must be a positive number of MiB (inf: no cap), "
+                    f"got {v!r}"
+                )
+        if isinstance(k_steps, bool) or not isinstance(k_steps, numbers.Integral) or k_steps < 1:
             raise ValueError(f"DataParallel: k_steps must be an integer >= 1, got {k_steps!r}")
+        k_steps = int(k_steps)
         super().__init__()
         self.module = model
         self.mesh, self.dims = mesh, dims
         self.overlap, self.k_steps, self.avg, self.fuse = bool(overlap), k_steps, bool(avg), fuse
-        caps = (int(first_bucket_size_mb * MiB), int(bucket_size_mb * MiB)) if fuse else (0, 0)
+        caps = (float(first_bucket_size_mb) * MiB, float(bucket_size_mb) * MiB) if fuse else (0, 0)
         # every parameter counts backward passes and is scaled by gradient merge; those on
         # the mesh, replicated over the dims, have the gradients that buckets reduce
         self._all = list(model.parameters())
@@ -116,7 +122,7 @@ class DataParallel(Module):
                     "another DataParallel; wrap the model once (or .unwrap() the other)"
                 )
         for p in self._all:
-            self._removers.append(p.register_post_accumulate_grad_hook(self._on_grad))
+            self._removers.append(p.register_post_accumulate_grad_hook(_weak(self._on_grad)))
             autograd.set_grad_finisher(p, self._finish)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -188,3 +194,16 @@ class DataParallel(Module):
     def extra_repr(self) -> str:
         names = [self.mesh.dim_names[m] for m in self.dims]
         return f"dim={names}, overlap={self.overlap}, k_steps={self.k_steps}, fuse={self.fuse}"
+
+
+def _weak(method: Callable) -> Callable:
+    """A hook that calls the bound ``method`` while its object lives: the parameters' hook
+    lists do not keep a dropped wrapper alive (Note [Gradient finishers])."""
+    ref = weakref.WeakMethod(method)
+
+    def hook(p: Any) -> None:
+        fn = ref()
+        if fn is not None:
+            fn(p)
+
+    return hook
