@@ -39,8 +39,20 @@ user would write on one rank's data. Two measurements per op:
   deciding (running the SPMD rule) plus the call, not of building meshes. The very first call
   of each op in the process (imports, Python's own warm-up) is shown too, as one sample.
 
+A second table times autograd, cached, the same way (interleaved rounds of loops, medians):
+
+    add (grad)       x + y, both requiring a gradient (the op is recorded)   numpy: xl + yl
+    tanh chain       dt.tanh(x @ w).sum() then .backward(), x and w requiring gradients
+    affine chain     ((x @ w + b) * 2).mean() then .backward(), x, w, b requiring gradients
+
+with x Shard(0) as above (Replicate when N = 1), w and b Replicate. The numpy column of the
+chains is the same forward and backward written by hand on the local shards; a PyTorch column
+(``torch.set_num_threads(1)``, the same local arrays) is printed when torch is importable
+(it is optional: a benchmark tool, never a dependency).
+
 Goals (issue): cached overhead <= 10 us per op (PyTorch DTensor: 15 to 20 us on this kind of
-machine); an uncached call < 0.2 ms (DTensor: about 2 ms).
+machine); an uncached call < 0.2 ms (DTensor: about 2 ms). Autograd: a recorded op <= 2 us
+over numpy; forward + backward of the chains no slower than PyTorch's.
 """
 
 from __future__ import annotations
@@ -70,6 +82,14 @@ OPS = ("add", "add chain", "matmul", "sum(1)", "sum")
 CHAIN = 64  # distinct x_i of "add chain", used in turn
 GOAL_CACHED_US = 10.0
 GOAL_UNCACHED_US = 200.0
+GOAL_RECORDED_US = 2.0
+GRAD_OPS = ("add (grad)", "tanh chain", "affine chain")
+CHAIN_SHARE = 10  # the chains run --number // CHAIN_SHARE calls per timed loop (they are ~50 us)
+
+try:  # optional: the PyTorch column of the autograd table
+    import torch
+except ImportError:  # pragma: no cover - the benchmark runs without torch
+    torch = None
 
 
 def lru_caches() -> dict[str, Any]:
@@ -165,6 +185,74 @@ def make_cases(mesh: dt.ProcessMesh, n: int) -> tuple[dict[str, Case], Callable[
     return cases, make_chain
 
 
+def make_grad_cases(mesh: dt.ProcessMesh, n: int) -> dict[str, dict[str, Callable[[], Any]]]:
+    """The autograd rows: variant ("dt", "np", and "torch" when importable) -> call."""
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal(SHAPE).astype(DTYPE)
+    b = rng.standard_normal(SHAPE).astype(DTYPE)
+    c = rng.standard_normal(SHAPE[1]).astype(DTYPE)
+    rows = [dt.Shard(0)] if n > 1 else [dt.Replicate()]
+    rep = [dt.Replicate()]
+    x = dt.shard_tensor(a, mesh, rows, requires_grad=True)
+    y = dt.shard_tensor(b, mesh, rows, requires_grad=True)
+    w = dt.shard_tensor(b, mesh, rep, requires_grad=True)
+    bias = dt.shard_tensor(c, mesh, rep, requires_grad=True)
+    xl, yl, wl, bl = x.to_local(), y.to_local(), w.to_local(), bias.to_local()
+    count = a.size  # the global element count of the mean
+
+    def dt_tanh():
+        x.grad = w.grad = None
+        dt.tanh(x @ w).sum().backward()
+
+    def np_tanh():  # forward and backward by hand on the local shards
+        o = np.tanh(xl @ wl)
+        o.sum()
+        g = 1 - o * o
+        return g @ wl.T, xl.T @ g
+
+    def dt_affine():
+        x.grad = w.grad = bias.grad = None
+        ((x @ w + bias) * 2).mean().backward()
+
+    def np_affine():
+        ((xl @ wl + bl) * 2).mean()
+        g = np.full(xl.shape, 2 / count, DTYPE)
+        return g @ wl.T, xl.T @ g, g.sum(axis=0)
+
+    cases = {
+        "add (grad)": {"dt": lambda: x + y, "np": lambda: xl + yl},
+        "tanh chain": {"dt": dt_tanh, "np": np_tanh},
+        "affine chain": {"dt": dt_affine, "np": np_affine},
+    }
+    if torch is not None:
+        torch.set_num_threads(1)
+
+        def leaf(v):
+            return torch.tensor(v, requires_grad=True)
+
+        tx, ty, tw, tb = leaf(xl), leaf(yl), leaf(wl), leaf(bl)
+
+        def torch_tanh():
+            tx.grad = tw.grad = None
+            torch.tanh(tx @ tw).sum().backward()
+
+        def torch_affine():
+            tx.grad = tw.grad = tb.grad = None
+            ((tx @ tw + tb) * 2).mean().backward()
+
+        cases["add (grad)"]["torch"] = lambda: tx + ty
+        cases["tanh chain"]["torch"] = torch_tanh
+        cases["affine chain"]["torch"] = torch_affine
+    # the dt results against the hand-written numpy ones (a wrong gradient is no benchmark)
+    dt_tanh()
+    want = np_tanh()
+    if n == 1:
+        for got, ref in ((x.grad, want[0]), (w.grad, want[1])):
+            if not np.allclose(got.numpy(), ref, rtol=1e-4, atol=1e-5):
+                raise AssertionError("tanh chain: dt's gradient differs from numpy's")
+    return cases
+
+
 def loop_time(fn: Callable[[], Any], number: int) -> float:
     """Seconds per call of ``fn`` over a tight loop of ``number`` calls (timeit-style)."""
     rng = range(number)
@@ -219,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     load_before = os.getloadavg()[0]
     cases, make_chain = make_cases(mesh, n)
+    grad_cases = make_grad_cases(mesh, n)
 
     # The very first call of each op in this process (one sample; caches are empty anyway).
     first: dict[str, float] = {}
@@ -243,6 +332,14 @@ def main(argv: list[str] | None = None) -> int:
         # Every op's samples are spread over the whole run (not one op after the other), so
         # a slow spell of the machine hits every op alike.
         st = cached_times(comm, fns, args.number, args.rounds)
+        gfns = {(name, v): fn for name, row in grad_cases.items() for v, fn in row.items()}
+        gst = {}
+        for name in GRAD_OPS:  # the recorded op at --number, the chains at a tenth of it
+            number = args.number if name == "add (grad)" else max(1, args.number // CHAIN_SHARE)
+            row = {k: fn for k, fn in gfns.items() if k[0] == name}
+            for fn in row.values():
+                loop_time(fn, number)
+            gst.update(cached_times(comm, row, number, args.rounds))
         unc = {}
         for name, case in cases.items():
             unc[name] = uncached_times(comm, case.dt_fn, args.first_calls, caches)
@@ -305,8 +402,35 @@ def main(argv: list[str] | None = None) -> int:
             f"goal uncached call < {GOAL_UNCACHED_US / 1e3:.1f} ms: "
             + (f"NOT met for {', '.join(misses_u)}" if misses_u else "met")
         )
+        print()
+        print(grad_table(gst, n))
         print(load_line(start, load_before))
     return 0
+
+
+def grad_table(gst: dict, n: int) -> str:
+    """The autograd table (medians, us) and its goals."""
+    headers = ["autograd (cached)", "dt us", "numpy us", "overhead us", "torch us", "dt/torch"]
+    table, lines = [], []
+    for name in GRAD_OPS:
+        t_dt, t_np = (float(np.median(gst[name, v])) * 1e6 for v in ("dt", "np"))
+        t_torch = float(np.median(gst[name, "torch"])) * 1e6 if (name, "torch") in gst else None
+        table.append([
+            name, f"{t_dt:,.2f}", f"{t_np:,.2f}", f"{t_dt - t_np:,.2f}",
+            "-" if t_torch is None else f"{t_torch:,.2f}",
+            "-" if t_torch is None else f"{t_dt / t_torch:.2f}x",
+        ])  # fmt: skip
+        if name == "add (grad)":
+            over = t_dt - t_np
+            ok = "met" if over <= GOAL_RECORDED_US else "NOT met"
+            lines.append(f"goal recorded op <= {GOAL_RECORDED_US:.0f} us over numpy: {ok}")
+        elif t_torch is not None:
+            ok = "met" if t_dt <= t_torch else "NOT met"
+            lines.append(f"goal {name} forward + backward no slower than PyTorch: {ok}")
+    if torch is None:
+        lines.append("(torch is not importable: no PyTorch column)")
+    note = "" if n == 1 else f" (torch and numpy: one rank's local shards of the {n}-rank run)"
+    return format_table(headers, table) + note + "\n" + "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -12,9 +12,9 @@ from .creation import arange, empty, full, manual_seed, ones, rand, randn, zeros
 from .debug import CommCounter
 from .mesh import ProcessMesh, init_mesh
 from .nn.sharding import shard_layer
-from .parallel import DataParallel
 from .ops import *  # noqa: F403  (numpy-named ops: dt.add, dt.matmul, dt.sum, ...)
 from .ops import __all__ as _ops_all
+from .parallel import DataParallel
 from .placement import Partial, Placement, Replicate, Shard
 from .spec import DistSpec
 from .tensor import DistTensor, dtensor_from_local, reshard, shard_tensor

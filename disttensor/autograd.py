@@ -34,6 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from . import comm
+
 
 class _State(threading.local):
     enabled = True  # per thread: simulated ranks each have their own switch
@@ -41,7 +43,19 @@ class _State(threading.local):
 
 
 _state = _State()
-_seq = itertools.count()  # creation order: backward runs the newest node first
+_DistTensor: Any = None  # tensor.DistTensor once used (tensor.py imports this module)
+
+
+def _tensor_type() -> Any:
+    global _DistTensor
+    if _DistTensor is None:
+        from .tensor import DistTensor
+
+        _DistTensor = DistTensor
+    return _DistTensor
+
+
+_seq = itertools.count(0, -1)  # creation order, counting down: Note [Cheap nodes]
 
 # op name -> gradient function ``fn(ctx: GradContext, g) -> one gradient (or None) per argument``
 GRADIENTS: dict[str, Callable[..., Sequence[Any]]] = {}
@@ -106,70 +120,129 @@ class GradContext:
     call order), its attributes, its output (a tuple for multi-output ops, detached), and
     which arguments need a gradient."""
 
-    __slots__ = ("args", "attrs", "needs", "out")
+    __slots__ = ("args", "attrs", "inputs", "multi", "out_specs", "saved")
 
-    def __init__(self, args: tuple, attrs: dict, out: Any, needs: tuple[bool, ...]) -> None:
-        self.args, self.attrs, self.out, self.needs = args, attrs, out, needs
+    def __init__(
+        self, args: tuple, attrs: dict, inputs: tuple, out_specs: tuple, saved: Any, multi: bool
+    ) -> None:
+        self.args, self.attrs, self.inputs = args, attrs, inputs
+        self.out_specs, self.saved, self.multi = out_specs, saved, multi
+
+    @property
+    def needs(self) -> tuple[bool, ...]:
+        """Per argument: whether it needs a gradient."""
+        return tuple([t is not None for t in self.inputs])
+
+    @property
+    def out(self) -> Any:
+        """The output (detached: a new DistTensor on the saved shard, so no reference cycle)."""
+        make = _tensor_type()
+        if self.multi:
+            return tuple(make(a, s) for a, s in zip(self.saved, self.out_specs))
+        return make(self.saved, self.out_specs[0])
 
 
-class Node:
+# Note [Cheap nodes]
+# Recording runs on every op of a training step, so a Node is one object: it is its own
+# GradContext (arguments, attributes, inputs, the outputs' shards and specs), and backward
+# calls ``node.fn(node, g)``: no closure, no separate context, and no detached copy of the
+# output (``ctx.out`` wraps the saved shard when a gradient asks for it). The inputs hold
+# exactly what ``needs`` reports (None where no gradient is needed). ``seq`` counts down, so
+# the newest node has the smallest key and heapq pops it first without calling Python code.
+class Node(GradContext):
     """One recorded op: its gradient function, the tensors it read, and its outputs' specs."""
 
-    __slots__ = ("backward", "hooks", "inputs", "name", "out_specs", "seq")
+    __slots__ = ("fn", "hooks", "name", "seq")
 
-    def __init__(self, name: str, backward, inputs: tuple, out_specs: tuple) -> None:
+    def __init__(
+        self,
+        name: str,
+        fn,
+        inputs: tuple,
+        out_specs: tuple,
+        args: tuple = (),
+        attrs: dict | None = None,
+        saved: Any = None,
+        multi: bool = True,
+    ) -> None:
         self.name = name
-        self.backward = backward  # grads of the outputs (tuple) -> one gradient per input;
+        self.fn = fn  # fn(node, grads) -> one gradient per input (grads: a tuple when multi);
         # None: the op has no gradient; _FREED: freed by an earlier backward
-        self.inputs = inputs  # per input: the DistTensor if it requires a gradient, else None
+        self.inputs = inputs  # per argument: the DistTensor if it requires a gradient, else None
         self.out_specs = out_specs
+        self.args, self.attrs, self.saved, self.multi = args, attrs, saved, multi
         self.hooks: dict[int, list] | None = None  # output index -> tensor hooks
         self.seq = next(_seq)
-
-    def __lt__(self, other: Node) -> bool:  # heap order: newest first
-        return self.seq > other.seq
 
     def __repr__(self) -> str:
         return f"<{self.name} backward>"
 
 
-def _detached(t):
-    return type(t)(t._local, t._spec)
-
-
 def record(name: str, inputs: Sequence[Any], outputs: Sequence[Any], backward) -> None:
     """Attach a node to ``outputs`` (DistTensors): ``backward(grads) -> input gradients``."""
     ins = tuple(t if getattr(t, "requires_grad", False) else None for t in inputs)
-    node = Node(name, backward, ins, tuple(o._spec for o in outputs))
+    fn = None if backward is None else lambda node, grads: backward(grads)
+    node = Node(name, fn, ins, tuple(o._spec for o in outputs))
     for i, o in enumerate(outputs):
         o._node = (node, i)
         o.requires_grad = True
 
 
 def record_op(
-    name: str, args: tuple, attrs: dict, out: Any, saved_args: tuple | None = None
+    name: str,
+    args: tuple,
+    attrs: dict,
+    out: Any,
+    saved_args: tuple | None = None,
+    inputs: tuple | None = None,
 ) -> None:
     """Record a dispatched op (called by dispatch when an input requires a gradient).
     ``saved_args`` are what the gradient sees (``args`` by default): the same values,
-    possibly in the layouts the forward pass resharded them to."""
+    possibly in the layouts the forward pass resharded them to. ``inputs``: per argument the
+    tensor if it requires a gradient, else None (worked out from ``args`` when not given)."""
     if name in NOT_DIFFERENTIABLE:
         return
-    fn = GRADIENTS.get(name)
-    outs = out if isinstance(out, tuple) else (out,)
-    if any(o._spec.dtype.kind not in "fc" for o in outs):  # integer/bool results: constants
+    if inputs is None:
+        inputs = tuple(a if getattr(a, "requires_grad", False) else None for a in args)
+    if saved_args is None:
+        saved_args = args
+    fn = GRADIENTS.get(name)  # None: backward refuses before computing anything (see _run)
+    if type(out) is tuple:
+        if any(o._spec.dtype.kind not in "fc" for o in out):  # integer/bool results: constants
+            return
+        specs = tuple(o._spec for o in out)
+        node = Node(name, fn, inputs, specs, saved_args, attrs, tuple(o._local for o in out))
+        for i, o in enumerate(out):
+            o._node = (node, i)
+            o.requires_grad = True
         return
-    needs = tuple(bool(getattr(a, "requires_grad", False)) for a in args)
-    multi = isinstance(out, tuple)
-    saved = tuple(_detached(o) for o in outs) if multi else _detached(out)
-    ctx = GradContext(args if saved_args is None else saved_args, attrs, saved, needs)
-    if fn is None:  # backward refuses before computing anything (see _run)
-        record(name, args, outs, None)
-        return
+    if out._spec.dtype.kind in "fc":  # integer/bool results are constants
+        record_one(name, fn, inputs, saved_args, attrs, out, (out._spec,))
 
-    def backward(grads: tuple) -> Sequence[Any]:  # refers to nothing of the outputs: no cycle
-        return fn(ctx, grads if multi else grads[0])
 
-    record(name, args, outs, backward)
+def record_one(
+    name: str, fn, inputs: tuple, args: tuple, attrs: dict, out: Any, out_specs: tuple
+) -> None:
+    """The node of a single-output op with a float result (the caller checked; ``fn`` from
+    GRADIENTS, None if the op has none, and no op of NOT_DIFFERENTIABLE; ``out_specs`` is
+    ``(out._spec,)``). It builds ``Node(name, fn, inputs, out_specs, args, attrs, out._local,
+    False)`` without calling the class: this runs once per recorded op (Note [Cheap nodes])."""
+    node = _new_node(Node)
+    node.name = name
+    node.fn = fn
+    node.inputs = inputs
+    node.out_specs = out_specs
+    node.args = args
+    node.attrs = attrs
+    node.saved = out._local
+    node.multi = False
+    node.hooks = None
+    node.seq = next(_seq)
+    out._node = (node, 0)
+    out.requires_grad = True
+
+
+_new_node = object.__new__
 
 
 def backward(tensor: Any, grad: Any = None, retain_graph: bool = False) -> None:
@@ -179,8 +252,6 @@ def backward(tensor: Any, grad: Any = None, retain_graph: bool = False) -> None:
     The graph is freed afterwards unless ``retain_graph``; a second backward through a freed
     graph raises. Collective: every rank of the mesh must call it, as for any op.
     """
-    from .tensor import DistTensor
-
     if not tensor.requires_grad:
         raise RuntimeError(
             "backward: this tensor does not require a gradient (no input of the ops that made "
@@ -193,7 +264,7 @@ def backward(tensor: Any, grad: Any = None, retain_graph: bool = False) -> None:
                 "(grad=...); only one-element tensors default to 1"
             )
         grad = _filled(tensor._spec, 1)
-    elif not isinstance(grad, DistTensor):
+    elif not isinstance(grad, _tensor_type()):
         from .placement import Replicate
         from .tensor import shard_tensor
 
@@ -262,29 +333,25 @@ def finish_grads(params: Sequence[Any], drop: bool = False) -> None:
             fn(drop)
 
 
-def _add(a, b):
-    return b if a is None else a + b
-
-
 def _run(root, grad, retain_graph: bool) -> None:
-    from .dispatch import memoized_reshards
+    from .dispatch import _memo  # the reshard memo of one gradient function (dispatch.py)
 
     if root._node is None:  # a leaf: its own gradient
         _finish_leaf(root, grad)
         return
     handed = {id(grad)}  # gradient objects stored as some .grad (or the caller's own)
-    # consumers per node output and per leaf, over the part of the graph reachable from root
+    # consumers per node and per leaf (by id), over the part of the graph reachable from root
     pending: dict[Any, int] = {}
-    leaves: dict[int, Any] = {}
-    stack, seen = [root._node[0]], {id(root._node[0])}
+    first = root._node[0]
+    stack, seen = [first], {first}
     while stack:  # every refusal comes before any gradient is computed or stored
         node = stack.pop()
-        if node.backward is _FREED:
+        if node.fn is _FREED:
             raise RuntimeError(
                 f"backward through the graph a second time ({node!r} was freed); pass "
                 "retain_graph=True to the first backward"
             )
-        if node.backward is None:
+        if node.fn is None:
             raise NotImplementedError(
                 f"{node.name} has no gradient in disttensor; compute it under dt.no_grad() "
                 "or on a detached input (x.detach()), or write it with differentiable dt ops"
@@ -292,56 +359,76 @@ def _run(root, grad, retain_graph: bool) -> None:
         for t in node.inputs:
             if t is None:
                 continue
-            key = t._node[0] if t._node is not None else id(t)
+            tn = t._node
+            key = id(t) if tn is None else tn[0]
             pending[key] = pending.get(key, 0) + 1
-            if t._node is None:
-                leaves[id(t)] = t
-            elif id(t._node[0]) not in seen:
-                seen.add(id(t._node[0]))
-                stack.append(t._node[0])
-    grads: dict[tuple, Any] = {(id(root._node[0]), root._node[1]): grad}
+            if tn is not None and tn[0] not in seen:
+                seen.add(tn[0])
+                stack.append(tn[0])
+    # node -> its outputs' gradients so far (a list, None where none arrived yet)
+    grads: dict[Any, list] = {first: [None] * len(first.out_specs)}
+    grads[first][root._node[1]] = grad
     leaf_grads: dict[int, Any] = {}
-    ready = [root._node[0]]
-    while ready:
-        node = heapq.heappop(ready)
-        outs = []
-        for i in range(len(node.out_specs)):
-            g = grads.pop((id(node), i), None)
-            if g is not None and node.hooks and i in node.hooks:
-                g = _call_hooks(node.hooks[i], g)
-            outs.append(g)
-        if any(g is not None for g in outs):
-            outs = [
-                g if g is not None else _filled(spec, 0) for g, spec in zip(outs, node.out_specs)
-            ]
-            with memoized_reshards():
-                in_grads = node.backward(tuple(outs))
-        else:
-            in_grads = (None,) * len(node.inputs)
-        inputs = node.inputs
-        if not retain_graph:  # free what the node holds: saved tensors and its inputs
-            node.backward, node.inputs = _FREED, (None,) * len(inputs)
-        for t, g in zip(inputs, in_grads):
-            if t is None:
-                continue
-            if g is not None:
-                g = _checked(g, t, node)
-            if t._node is None:
-                if g is not None:
-                    leaf_grads[id(t)] = _add(leaf_grads.get(id(t)), g)
-                pending[id(t)] -= 1
-                if pending[id(t)] == 0 and leaf_grads.get(id(t)) is not None:
-                    _finish_leaf(t, leaf_grads.pop(id(t)), handed)
+    ready = [(first.seq, first)]  # Note [Cheap nodes]: newest first
+    prev = _memo.table
+    try:
+        while ready:
+            node = heapq.heappop(ready)[1]
+            outs = grads.pop(node, None)
+            inputs = node.inputs
+            if outs is not None and node.hooks:
+                for i, g in enumerate(outs):
+                    if g is not None and i in node.hooks:
+                        outs[i] = _call_hooks(node.hooks[i], g)
+            if outs is None:  # no gradient reached this node
+                in_grads: Sequence[Any] = (None,) * len(inputs)
             else:
-                parent, i = t._node
+                if node.multi:
+                    outs = tuple(
+                        g if g is not None else _filled(spec, 0)
+                        for g, spec in zip(outs, node.out_specs)
+                    )
+                else:
+                    outs = outs[0]
+                _memo.table = {}  # reshards reused within this gradient function only
+                in_grads = node.fn(node, outs)
+                _memo.table = prev
+            if not retain_graph:  # free what the node holds: saved tensors and its inputs
+                node.fn, node.inputs = _FREED, (None,) * len(inputs)
+                node.args = node.attrs = node.saved = None
+            for t, g in zip(inputs, in_grads):
+                if t is None:
+                    continue
                 if g is not None:
-                    grads[(id(parent), i)] = _add(grads.get((id(parent), i)), g)
-                pending[parent] -= 1
-                if pending[parent] == 0:
-                    heapq.heappush(ready, parent)
+                    gs, ts = g._spec, t._spec
+                    if gs is not ts and (gs.shape != ts.shape or gs.dtype != ts.dtype):
+                        g = _checked(g, t, node)
+                tn = t._node
+                if tn is None:
+                    key = id(t)
+                    if g is not None:
+                        acc = leaf_grads.get(key)
+                        leaf_grads[key] = g if acc is None else acc + g
+                    left = pending[key] - 1
+                    pending[key] = left
+                    if left == 0 and leaf_grads.get(key) is not None:
+                        _finish_leaf(t, leaf_grads.pop(key), handed)
+                else:
+                    parent, i = tn
+                    if g is not None:
+                        acc = grads.get(parent)
+                        if acc is None:
+                            acc = grads[parent] = [None] * len(parent.out_specs)
+                        acc[i] = g if acc[i] is None else acc[i] + g
+                    left = pending[parent] - 1
+                    pending[parent] = left
+                    if left == 0:
+                        heapq.heappush(ready, (parent.seq, parent))
+    finally:
+        _memo.table = prev
 
 
-def _FREED(grads):  # a marker: the node's backward ran and its graph was released
+def _FREED(node, grads):  # a marker: the node's backward ran and its graph was released
     raise AssertionError("unreachable: freed nodes are refused before backward runs")
 
 
@@ -358,11 +445,13 @@ def _checked(g, t, node):
 
 
 def _filled(spec, value):
-    """A tensor of ``spec``'s shape and dtype filled with ``value`` (Partials as Replicate)."""
-    from .creation import full
-
+    """A tensor of ``spec``'s shape and dtype filled with ``value`` (Partials as Replicate);
+    only the local shard is made, as ``dt.full`` would."""
     plain = spec.without_partials()
-    return full(plain.shape, value, plain.dtype, mesh=plain.mesh, placements=plain.placements)
+    coord = plain.mesh.get_coord(comm.get_rank())
+    if coord is None:
+        return _tensor_type()(np.empty(plain.local_shape(None), plain.dtype), plain)
+    return _tensor_type()(np.full(plain.local_shape(coord), value, plain.dtype), plain)
 
 
 def _hooks(t, create: bool = False) -> list | None:

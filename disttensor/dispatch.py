@@ -23,6 +23,9 @@ import numpy as np
 
 from . import autograd, comm
 from . import reshard as _reshard
+from .autograd import GRADIENTS as _GRADIENTS
+from .autograd import NOT_DIFFERENTIABLE as _NOT_DIFFERENTIABLE
+from .comm import _ctx as _comm_ctx
 from .placement import Replicate
 from .spec import DistSpec
 from .spmd import TensorSpec, get_rule
@@ -33,16 +36,34 @@ log = logging.getLogger("disttensor")
 FALLBACKS: Counter[str] = Counter()  # op name -> replicate-fallback calls (dt.debug shows it)
 
 
-@dataclass(frozen=True)
 class KernelContext:
-    """What a kernel that needs the global picture gets (``Op(ctx=True)``)."""
+    """What a kernel that needs the global picture gets (``Op(ctx=True)``). Read-only: the
+    fast path reuses one per cached decision and coordinate."""
 
-    inputs: tuple[DistSpec, ...]  # the specs the inputs were resharded to
-    outputs: tuple[tuple, ...]  # output placements
-    coord: tuple[int, ...] | None
+    __slots__ = ("_locals", "coord", "inputs", "outputs", "shapes")
+
+    def __init__(
+        self,
+        inputs: tuple[DistSpec, ...],  # the specs the inputs were resharded to
+        outputs: tuple[tuple, ...],  # output placements
+        coord: tuple[int, ...] | None,
+        shapes: tuple[tuple[int, ...], ...] | None = None,  # the rule's global output shapes
+    ) -> None:
+        self.inputs, self.outputs, self.coord, self.shapes = inputs, outputs, coord, shapes
+        self._locals: dict[int, tuple[int, ...]] = {}
+
+    def local_shape(self, i: int = 0) -> tuple[int, ...]:
+        """Output ``i``'s local shape on this rank, from the rule's global shape (which must
+        be known: ``shapes`` is not None)."""
+        hit = self._locals.get(i)
+        if hit is None:
+            spec = self.inputs[0]
+            out = DistSpec(spec.mesh, self.outputs[i], self.shapes[i], spec.dtype)
+            hit = self._locals[i] = out.local_shape(self.coord)
+        return hit
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # compared and hashed by identity: a cache key, cheaply
 class Op:
     """An op: its local kernel and the name of its SPMD rule (None: replicate fallback)."""
 
@@ -52,7 +73,7 @@ class Op:
     ctx: bool = False  # kernel takes ctx=KernelContext
     moves_only: bool = False  # only moves elements, so every Partial passes through exactly
 
-    def __call__(self, *args: Any, **attrs: Any) -> Any:
+    def __call__(self, *args: Any, **attrs: Any) -> Any:  # replaced by _call below
         return apply(self, args, attrs)
 
 
@@ -65,8 +86,8 @@ class Op:
 
 
 class _Memo(threading.local):
-    """Reshards to reuse while ``table`` is a dict (autograd sets one around each gradient
-    function: a gradient is often resharded the same way for several of its uses, e.g. both
+    """Reshards to reuse while ``table`` is a dict (autograd._run sets a new one around each
+    gradient function: a gradient is often resharded the same way for several of its uses, e.g. both
     gradients of a matmul, and nothing changes it in place meanwhile)."""
 
     table: dict | None = None
@@ -75,65 +96,150 @@ class _Memo(threading.local):
 _memo = _Memo()
 
 
-def memoized_reshards():
-    """Context manager: inside it, an input resharded to the same spec twice moves once."""
-    return _MemoScope()
+# Note [Dispatch fast path]
+# The decision cache holds two kinds of keys in one dict (so clearing or replacing ``_cache``
+# forgets both):
+# * by value: (op name, input specs, argument positions, argument count, attributes) -> plan,
+#   found for any equal specs (an op's inputs are often new objects equal to cached ones);
+# * by identity: (Op, attributes, per argument id(spec) or None for a non-tensor) -> _Entry,
+#   which holds those very spec objects, so an id in a key can never belong to another
+#   object while the entry lives. Only calls whose tensors are all DistTensors get one.
+# A training step calls the same ops on the same spec objects (outputs take their specs from
+# the plan), so the identity key hits: no spec hashing, no normalization. When the entry's
+# plan moves nothing, has one output and ran on this thread's world before (``last``: the
+# coordinate, kernel context, output dtype, spec and local shape), the call is just: kernel,
+# a dtype and shape check of the result (a wrong rule still fails loudly), wrap, record.
+# Everything else takes the general path, which is the same five steps with every check.
 
 
-class _MemoScope:
-    def __enter__(self) -> None:
-        self._prev = _memo.table
-        _memo.table = {}
+class _Entry:
+    __slots__ = ("dense", "last", "plan", "pos", "simple", "specs")
 
-    def __exit__(self, *exc: Any) -> None:
-        _memo.table = self._prev
+    def __init__(self, specs: tuple, plan: tuple, pos: tuple, nargs: int) -> None:
+        self.specs = specs  # keeps the keyed spec objects alive (their ids are the key)
+        self.plan = plan
+        self.pos = pos
+        self.dense = len(pos) == nargs  # every argument a DistTensor
+        _, out_placements, out_shapes, moves, _ = plan
+        self.simple = moves is None and out_shapes is not None and len(out_placements) == 1
+        # (world, coord, kernel ctx, dtype, spec, local shape, float dtype, (spec,)): _finish
+        self.last: tuple | None = None
 
 
-_cache: dict[tuple, tuple] = {}
+_cache: dict[tuple, Any] = {}
 _CACHE_LIMIT = 65536
 _NO_ATTRS = ()
 
 
 def apply(op: Op, args: tuple, attrs: dict) -> Any:
-    # 1. normalize (one pass; arrays become Replicate only when a DistTensor gives the mesh)
-    mesh = None
-    pos: list[int] = []
-    tensors: list[Any] = []
-    arrays = False
+    """Run ``op`` on ``args`` with attributes ``attrs``: the five steps (module docstring)."""
+    return _call(op, *args, **attrs)
+
+
+def _call(op: Op, *args: Any, **attrs: Any) -> Any:
+    """``Op.__call__``: the fast path (Note [Dispatch fast path]), else ``_general``."""
+    # the identity key and the kernel's arguments, one and two DistTensors spelled out (most
+    # calls); ``grad``: whether a DistTensor argument requires a gradient
+    key: Any = tuple(attrs.items()) if attrs else _NO_ATTRS
+    n = len(args)
+    if n == 2 and isinstance(x := args[0], DistTensor) and isinstance(y := args[1], DistTensor):
+        key = (op, key, id(x._spec), id(y._spec))
+        kargs = [x._local, y._local]
+        gx, gy = x.requires_grad, y.requires_grad
+        grad = gx or gy
+        inputs = args if gx and gy else None  # None: worked out when recording
+    elif n == 1 and isinstance(x := args[0], DistTensor):
+        key = (op, key, id(x._spec))
+        kargs = [x._local]
+        grad = x.requires_grad
+        inputs = args
+    else:
+        key, kargs, grad = _mixed_key(op, key, args)
+        inputs = None
+    try:
+        entry = _cache.get(key) if key is not None else None
+    except TypeError:  # unhashable attributes: decide every time
+        entry = key = None
+    if entry is not None:
+        last = entry.last  # set only where the plan moves nothing and has one output
+        if last is not None and last[0] is _comm_ctx.world:
+            if last[2] is None:
+                result = op.kernel(*kargs, **attrs)
+            else:
+                result = op.kernel(*kargs, ctx=last[2], **attrs)
+            if type(result) is not np.ndarray:
+                result = np.asarray(result)
+            if result.dtype is last[3] and result.shape == last[5]:
+                out = DistTensor(result, last[4])
+                if grad and last[6] and autograd._state.enabled:
+                    name = op.name
+                    if name not in _NOT_DIFFERENTIABLE:
+                        if inputs is None:
+                            inputs = _inputs(args, entry.pos)
+                        fn = _GRADIENTS.get(name)
+                        autograd.record_one(name, fn, inputs, args, attrs, out, last[7])
+                return out
+            # another dtype (int x + 1 vs x + 1.5) or a wrong rule: the general wrap
+            tensors = [args[i] for i in entry.pos]
+            return _finish(op, args, attrs, entry, entry.plan, last[4].mesh, last[1], kargs, result,
+                           tensors, entry.pos)  # fmt: skip
+    return _general(op, args, attrs, key, entry)
+
+
+Op.__call__ = _call  # type: ignore[method-assign]  # one frame less per op
+
+
+def _mixed_key(op: Op, attrs_key: tuple, args: tuple) -> tuple:
+    """(identity key, kernel arguments, whether a gradient is needed) of a call with other
+    arguments than one or two DistTensors; the key is None when an argument is an array (it
+    gets a spec of its own each call: the general path)."""
+    key: list[Any] = [op, attrs_key]
+    kargs = list(args)
+    grad = False
     for i, a in enumerate(args):
         if isinstance(a, DistTensor):
-            m = a._spec.mesh
-            if mesh is None:
-                mesh = m
-            elif m is not mesh and m != mesh:
-                raise ValueError(
-                    f"{op.name}: operands live on different meshes ({mesh} and {m}); "
-                    "move one with dt.reshard(x, mesh, placements)"
-                )
-            pos.append(i)
-            tensors.append(a)
+            key.append(id(a._spec))
+            kargs[i] = a._local
+            grad = grad or a.requires_grad
         elif isinstance(a, np.ndarray):
-            pos.append(i)
-            tensors.append(a)
-            arrays = True
-    if mesh is None:  # no DistTensor: plain numpy
-        return op.kernel(*args, ctx=None, **attrs) if op.ctx else op.kernel(*args, **attrs)
-    if arrays:
-        tensors = [t if isinstance(t, DistTensor) else _replicate(t, mesh) for t in tensors]
-    specs = tuple([t._spec for t in tensors])
-    # 2. rule (cached)
-    try:
-        key = (op.name, specs, tuple(pos), len(args), tuple(attrs.items()) if attrs else _NO_ATTRS)
-        plan = _cache.get(key)
-    except TypeError:  # unhashable attributes: decide every time
-        key, plan = None, None
-    if plan is None:
-        plan = _decide(op, specs, tuple(pos), len(args), attrs, mesh)
-        if key is not None:
-            if len(_cache) >= _CACHE_LIMIT:  # programs whose shapes keep changing: start over
+            return None, None, False
+        else:
+            key.append(None)
+    return tuple(key), kargs, grad
+
+
+def _inputs(args: tuple, pos: tuple) -> tuple:
+    """Per argument the tensor if it requires a gradient, else None: ``args`` itself when
+    every argument is one (no tuple to build)."""
+    if len(pos) == len(args):
+        for a in args:
+            if not a.requires_grad:
+                break
+        else:
+            return args
+    ins: list[Any] = [None] * len(args)
+    for i in pos:
+        if args[i].requires_grad:
+            ins[i] = args[i]
+    return tuple(ins)
+
+
+def _general(op: Op, args: tuple, attrs: dict, idkey: Any, entry: _Entry | None) -> Any:
+    if entry is not None:  # decided for these very specs (Note [Dispatch fast path])
+        plan, pos = entry.plan, list(entry.pos)
+        tensors = [args[i] for i in pos]
+        mesh = entry.specs[0].mesh
+    else:
+        plan, mesh, pos, tensors = _normalize_and_decide(op, args, attrs, idkey)
+        if plan is None:  # no DistTensor: plain numpy
+            return op.kernel(*args, ctx=None, **attrs) if op.ctx else op.kernel(*args, **attrs)
+        if idkey is not None:
+            if len(_cache) >= _CACHE_LIMIT:
                 _cache.clear()
-            _cache[key] = plan
-    targets, out_placements, out_shapes, moves, out_specs = plan
+            entry = _cache[idkey] = _Entry(
+                tuple(t._spec for t in tensors), plan, tuple(pos), len(args)
+            )
+    targets, out_placements, out_shapes, moves, _ = plan
     # 3. reshard (the plan knows which inputs move)
     coord = mesh.get_coord(comm.get_rank())
     kargs = list(args)
@@ -164,16 +270,81 @@ def apply(op: Op, args: tuple, attrs: dict) -> Any:
     if coord is None:
         result = _probe(op, kargs, pos, attrs, targets, out_placements)
     elif op.ctx:
-        result = op.kernel(*kargs, ctx=KernelContext(targets, out_placements, coord), **attrs)
+        result = op.kernel(
+            *kargs, ctx=KernelContext(targets, out_placements, coord, out_shapes), **attrs
+        )
     else:
         result = op.kernel(*kargs, **attrs)
-    # 5. wrap, and record for backward when an input needs a gradient
+    return _finish(op, args, attrs, entry, plan, mesh, coord, kargs, result, tensors, pos)
+
+
+def _normalize_and_decide(op: Op, args: tuple, attrs: dict, idkey: Any):
+    """Steps 1 and 2 of the general path: (plan, mesh, tensor positions, tensors), with
+    arrays as Replicate DistTensors; plan None when no argument is a DistTensor."""
+    mesh = None
+    pos: list[int] = []
+    tensors: list[Any] = []
+    arrays = False
+    for i, a in enumerate(args):
+        if isinstance(a, DistTensor):
+            m = a._spec.mesh
+            if mesh is None:
+                mesh = m
+            elif m is not mesh and m != mesh:
+                raise ValueError(
+                    f"{op.name}: operands live on different meshes ({mesh} and {m}); "
+                    "move one with dt.reshard(x, mesh, placements)"
+                )
+            pos.append(i)
+            tensors.append(a)
+        elif isinstance(a, np.ndarray):
+            pos.append(i)
+            tensors.append(a)
+            arrays = True
+    if mesh is None:
+        return None, None, pos, tensors
+    if arrays:
+        tensors = [t if isinstance(t, DistTensor) else _replicate(t, mesh) for t in tensors]
+    specs = tuple([t._spec for t in tensors])
+    tpos = tuple(pos)
+    try:
+        key = (op.name, specs, tpos, len(args), tuple(attrs.items()) if attrs else _NO_ATTRS)
+        plan = _cache.get(key)
+    except TypeError:  # unhashable attributes: decide every time
+        key, plan = None, None
+    if plan is None:
+        plan = _decide(op, specs, tpos, len(args), attrs, mesh)
+        if key is not None:
+            if len(_cache) >= _CACHE_LIMIT:  # programs whose shapes keep changing: start over
+                _cache.clear()
+            _cache[key] = plan
+    return plan, mesh, pos, tensors
+
+
+def _finish(op, args, attrs, entry, plan, mesh, coord, kargs, result, tensors, pos):
+    """5. wrap, and record for backward when an input needs a gradient."""
+    targets, out_placements, out_shapes, moves, out_specs = plan
     out = _wrap(op, result, mesh, coord, out_placements, out_shapes, out_specs)
+    if entry is not None and entry.simple and coord is not None and type(out) is DistTensor:
+        # the fast path may take the next call (Note [Dispatch fast path])
+        kctx = KernelContext(targets, out_placements, coord, out_shapes) if op.ctx else None
+        floating = out.dtype.kind in "fc"  # else a constant for autograd: nothing to record
+        entry.last = (
+            _comm_ctx.world,
+            coord,
+            kctx,
+            out.dtype,
+            out._spec,
+            out._local.shape,
+            floating,
+            (out._spec,),
+        )
     for t in tensors:  # the flag first: the thread-local switch only when it matters
         if t.requires_grad:
             if autograd._state.enabled:
                 saved = _saved(args, pos, kargs, moves, targets, coord)
-                autograd.record_op(op.name, args, attrs, out, saved)
+                inputs = tuple(a if getattr(a, "requires_grad", False) else None for a in args)
+                autograd.record_op(op.name, args, attrs, out, saved, inputs)
             break
     return out
 

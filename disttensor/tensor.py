@@ -171,28 +171,28 @@ class DistTensor:
         return _ops().array_function(func, args, kwargs)
 
     def __add__(self, o):
-        return _ew()["add"](self, o)
+        return _EW["add"](self, o)
 
     def __radd__(self, o):
-        return _ew()["add"](o, self)
+        return _EW["add"](o, self)
 
     def __sub__(self, o):
-        return _ew()["subtract"](self, o)
+        return _EW["subtract"](self, o)
 
     def __rsub__(self, o):
-        return _ew()["subtract"](o, self)
+        return _EW["subtract"](o, self)
 
     def __mul__(self, o):
-        return _ew()["multiply"](self, o)
+        return _EW["multiply"](self, o)
 
     def __rmul__(self, o):
-        return _ew()["multiply"](o, self)
+        return _EW["multiply"](o, self)
 
     def __truediv__(self, o):
-        return _ew()["divide"](self, o)
+        return _EW["divide"](self, o)
 
     def __rtruediv__(self, o):
-        return _ew()["divide"](o, self)
+        return _EW["divide"](o, self)
 
     def __floordiv__(self, o):
         return _ops().floor_divide(self, o)
@@ -216,19 +216,19 @@ class DistTensor:
         return _ops().array_ufunc(np.bitwise_xor, "__call__", (o, self), {})
 
     def __pow__(self, o):
-        return _ew()["power"](self, o)
+        return _EW["power"](self, o)
 
     def __rpow__(self, o):
-        return _ew()["power"](o, self)
+        return _EW["power"](o, self)
 
     def __matmul__(self, o):
-        return _ops().matmul(self, o)
+        return _EW["matmul"](self, o)
 
     def __rmatmul__(self, o):
-        return _ops().matmul(o, self)
+        return _EW["matmul"](o, self)
 
     def __neg__(self):
-        return _ops().negative(self)
+        return _EW["negative"](self)
 
     def __pos__(self):
         return _ops().positive(self)
@@ -255,16 +255,16 @@ class DistTensor:
         return _ops().not_equal(self, o)  # type: ignore[override]
 
     def __lt__(self, o):
-        return _ew()["less"](self, o)
+        return _EW["less"](self, o)
 
     def __le__(self, o):
-        return _ew()["less_equal"](self, o)
+        return _EW["less_equal"](self, o)
 
     def __gt__(self, o):
-        return _ew()["greater"](self, o)
+        return _EW["greater"](self, o)
 
     def __ge__(self, o):
-        return _ew()["greater_equal"](self, o)
+        return _EW["greater_equal"](self, o)
 
     __hash__ = None  # type: ignore[assignment]  # == is elementwise, as in numpy
 
@@ -386,8 +386,20 @@ def _ops():
     return _OPS
 
 
-def _ew():
-    return _ops().elementwise.OPS  # the Op objects themselves: operators skip the wrappers
+class _LazyOps(dict):
+    """The Op objects of the operators (operators skip the public wrappers), filled on the
+    first lookup: the op set is built on this module."""
+
+    def __missing__(self, name: str):
+        if self:  # filled already: not an operator's op
+            raise KeyError(name)
+        ops = _ops()
+        self.update(ops.elementwise.OPS)
+        self["matmul"] = ops.linalg.OPS["matmul"]
+        return self[name]
+
+
+_EW = _LazyOps()
 
 
 def _gather_shown(x: DistTensor, idx: tuple[np.ndarray, ...], rank: int) -> np.ndarray:

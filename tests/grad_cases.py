@@ -761,6 +761,7 @@ def internal_cases() -> list[GradCase]:
     """The scatter ops gradients are made of are linear; their own gradients are gathers."""
     from disttensor.ops import nn
     from disttensor.ops import shape as sh
+    from disttensor.ops.elementwise import GRAD_OPS
     from disttensor.spmd.shape_rules import canonical_key
 
     rng = np.random.default_rng(18)
@@ -795,6 +796,21 @@ def internal_cases() -> list[GradCase]:
             scatter_add,
             (ids, rows),
             ops=("embedding_grad",),
+        ),
+        # the fused gradients of tanh and sigmoid, from (g, out)
+        GradCase(
+            "tanh_grad",
+            lambda a, o: GRAD_OPS["tanh_grad"](a, o),
+            lambda a, o: a * (1 - o * o),
+            (rng.normal(size=UNEVEN), np.tanh(rng.normal(size=UNEVEN))),
+            ops=("tanh_grad",),
+        ),
+        GradCase(
+            "sigmoid_grad",
+            lambda a, o: GRAD_OPS["sigmoid_grad"](a, o),
+            lambda a, o: a * (o * (1 - o)),
+            (rng.normal(size=UNEVEN), rng.uniform(0.05, 0.95, size=UNEVEN)),
+            ops=("sigmoid_grad",),
         ),
     ]
 

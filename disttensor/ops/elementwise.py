@@ -86,7 +86,16 @@ BINARY = {
     "logical_xor": np.logical_xor,
 }
 
+# Gradients of unary ops as one kernel each, from the gradient g and the op's output o
+# (ops/gradients.py): the same numpy expressions as the composite they replace, so the
+# same values, in one dispatch instead of three. Linear in g (spmd/rules.py).
+UNARY_GRAD = {
+    "tanh_grad": lambda g, o: g * (1 - o * o),
+    "sigmoid_grad": lambda g, o: g * (o * (1 - o)),
+}
+
 OPS: dict[str, Op] = {name: Op(name, k, rule=name) for name, k in {**UNARY, **BINARY}.items()}
+GRAD_OPS: dict[str, Op] = {name: Op(name, k, rule=name) for name, k in UNARY_GRAD.items()}
 OPS["where"] = Op("where", np.where, rule="where")
 OPS["clip"] = Op("clip", lambda x, lo, hi: np.clip(x, lo, hi), rule="clip")
 OPS["astype"] = Op("astype", lambda x, dtype: x.astype(dtype), rule="astype")

@@ -27,6 +27,7 @@ from . import linalg as la
 from . import nn
 from . import reduction as red
 from . import shape as sh
+from .elementwise import GRAD_OPS
 from .elementwise import OPS as EW
 
 # Outputs of these are constants for autograd: integer or bool results, or a gradient that is
@@ -50,6 +51,11 @@ def _shape(a: Any) -> tuple[int, ...]:
     return tuple(np.shape(a)) if not isinstance(a, DistTensor) else a.shape
 
 
+def _reshaped(g, shape: tuple[int, ...]):
+    """``g`` reshaped to ``shape``; ``g`` itself when it has that shape already (no op)."""
+    return g if g.shape == shape else sh.reshape(g, shape)
+
+
 def _sum_to(g, shape: tuple[int, ...]):
     """``g`` summed over the axes broadcasting added or stretched, to ``shape``."""
     if g.shape == shape:
@@ -60,7 +66,7 @@ def _sum_to(g, shape: tuple[int, ...]):
     )
     if axes:
         g = red.sum(g, axes)
-    return sh.reshape(g, shape)
+    return _reshaped(g, shape)
 
 
 def _binary(ctx: GradContext, gx, gy):
@@ -90,11 +96,9 @@ _UNARY = {  # d out / d x from (x, out)
     "sin": lambda x, o: EW["cos"](x),
     "cos": lambda x, o: -EW["sin"](x),
     "tan": lambda x, o: o * o + 1,
-    "tanh": lambda x, o: 1 - o * o,
     "arctan": lambda x, o: 1 / (x * x + 1),
     "sinh": lambda x, o: EW["cosh"](x),
     "cosh": lambda x, o: EW["sinh"](x),
-    "sigmoid": lambda x, o: o * (1 - o),
     "abs": lambda x, o: EW["sign"](x),
 }
 
@@ -110,6 +114,38 @@ def _unary(name: str):
 
 for _name in _UNARY:
     gradient(_name)(_unary(_name))
+
+
+def _fused_unary(name: str):
+    """The gradient as one fused op (tanh_grad, sigmoid_grad) instead of three ops."""
+    op = GRAD_OPS[f"{name}_grad"]
+
+    def grad(ctx: GradContext, g):
+        return (op(g, ctx.out),)
+
+    return grad
+
+
+gradient("tanh")(_fused_unary("tanh"))
+gradient("sigmoid")(_fused_unary("sigmoid"))
+
+
+@gradient("tanh_grad")
+def _tanh_grad(ctx, gg):  # of g * (1 - o^2)
+    g, o = ctx.args
+    return (
+        GRAD_OPS["tanh_grad"](gg, o) if ctx.needs[0] else None,
+        mul(mul(gg, g), mul(o, -2)) if ctx.needs[1] else None,
+    )
+
+
+@gradient("sigmoid_grad")
+def _sigmoid_grad(ctx, gg):  # of g * o (1 - o)
+    g, o = ctx.args
+    return (
+        GRAD_OPS["sigmoid_grad"](gg, o) if ctx.needs[0] else None,
+        mul(mul(gg, g), sub(1, mul(o, 2))) if ctx.needs[1] else None,
+    )
 
 
 @gradient("negative")
@@ -261,13 +297,13 @@ def _matmul(ctx, g):
             gx = la.matmul(y2, g2, trans_x=ty, trans_y=True)
         else:
             gx = la.matmul(g2, y2, trans_y=not ty)
-        gx = sh.reshape(_sum_to(gx, _shape(x2)), sx)
+        gx = _reshaped(_sum_to(gx, _shape(x2)), sx)
     if ctx.needs[1]:
         if ty:  # out = x'^(T?) y^T: dy = (x'^T g)^T
             gy = la.matmul(g2, x2, trans_x=True, trans_y=tx)
         else:
             gy = la.matmul(x2, g2, trans_x=not tx)
-        gy = sh.reshape(_sum_to(gy, _shape(y2)), sy)
+        gy = _reshaped(_sum_to(gy, _shape(y2)), sy)
     return gx, gy
 
 
@@ -342,9 +378,9 @@ def _reduced(ctx) -> tuple[int, ...]:
 def _spread(ctx, g):
     """``g`` (of the reduction's output) broadcast back to the input's shape."""
     x = ctx.args[0]
-    axes = _reduced(ctx)
-    if not ctx.attrs.get("keepdims", False):
-        g = sh.reshape(g, tuple(1 if a in axes else n for a, n in enumerate(x.shape)))
+    if g.ndim and not ctx.attrs.get("keepdims", False):  # a 0-d g broadcasts as it is
+        axes = _reduced(ctx)
+        g = _reshaped(g, tuple(1 if a in axes else n for a, n in enumerate(x.shape)))
     return sh.broadcast_to(g, x.shape)
 
 

@@ -26,6 +26,7 @@ _MATMUL = Op("matmul", _matmul, rule="matmul")
 _DOT = Op("dot", np.dot, rule="dot")
 _EINSUM = Op("einsum", lambda *ops, equation: np.einsum(equation, *ops), rule="einsum")
 _OUTER = Op("outer", np.outer, rule="outer")
+OPS = {op.name: op for op in (_MATMUL, _DOT, _EINSUM, _OUTER)}
 
 
 def matmul(x, y, trans_x: bool = False, trans_y: bool = False):

@@ -18,6 +18,7 @@ Results are views of the local shard where numpy returns views (reshape, transpo
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -38,12 +39,15 @@ from ..tensor import DistTensor
 
 
 # -- kernels ---------------------------------------------------------------------------------
-def _local(ctx: KernelContext | None, shape: tuple[int, ...]) -> tuple[int, ...]:
-    """The output's local shape on this rank (the global shape on plain numpy input)."""
+def _local(ctx: KernelContext | None, shape_fn: Callable[[], tuple[int, ...]]) -> tuple[int, ...]:
+    """The output's local shape on this rank (the global shape on plain numpy input):
+    from the rule's global shape when dispatch has it, else from ``shape_fn()``."""
     if ctx is None:
-        return tuple(shape)
+        return tuple(shape_fn())
+    if ctx.shapes is not None:
+        return ctx.local_shape(0)
     spec = ctx.inputs[0]
-    return DistSpec(spec.mesh, ctx.outputs[0], tuple(shape), spec.dtype).local_shape(ctx.coord)
+    return DistSpec(spec.mesh, ctx.outputs[0], tuple(shape_fn()), spec.dtype).local_shape(ctx.coord)
 
 
 def _global_shape(x, ctx: KernelContext | None) -> tuple[int, ...]:
@@ -57,13 +61,13 @@ def _relaid(out_shape):
     np.squeeze would refuse."""
 
     def kernel(x, *, ctx: KernelContext | None = None, **attrs):
-        return np.reshape(x, _local(ctx, out_shape(_global_shape(x, ctx), **attrs)))
+        return np.reshape(x, _local(ctx, lambda: out_shape(_global_shape(x, ctx), **attrs)))
 
     return kernel
 
 
 def _broadcast_to(x, shape, *, ctx: KernelContext | None = None):
-    out = _local(ctx, broadcast_shape(_global_shape(x, ctx), shape))
+    out = _local(ctx, lambda: broadcast_shape(_global_shape(x, ctx), shape))
     # a copy, not numpy's read-only view: the result is a value of its own like other outputs
     return np.array(np.broadcast_to(x, out))
 
@@ -81,7 +85,7 @@ def _getitem(x, key, *, ctx: KernelContext | None = None):
         return x[tuple(k if k is None or isinstance(k, int) else _as_slice(k) for k in key)]
     spec = ctx.inputs[0]
     box = spec.local_box(ctx.coord)
-    out_shape = _local(ctx, index_layout(spec.shape, key)[0])
+    out_shape = _local(ctx, lambda: index_layout(spec.shape, key)[0])
     src: list[Any] = []
     dst: list[slice] = []
     axis = 0
@@ -117,7 +121,7 @@ def _getitem(x, key, *, ctx: KernelContext | None = None):
 def _getitem_grad(g, key, shape, *, ctx: KernelContext | None = None):
     """``g`` written at ``key`` into zeros of ``shape`` (the gradient of getitem). Axes the
     rule kept sharded were taken whole, so they line up with this rank's shard of ``g``."""
-    out = np.zeros(_local(ctx, shape), g.dtype)
+    out = np.zeros(_local(ctx, lambda: shape), g.dtype)
     idx: list[Any] = []
     kept: list[int] = []
     axis = 0

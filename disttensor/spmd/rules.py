@@ -80,6 +80,9 @@ POINTWISE: dict[str, Any] = {
     "logical_or": None,
     "logical_xor": None,
     "where": (1, 2),  # where(c, x, y) is linear in x and y jointly
+    # fused gradients of unary ops (ops/elementwise.py UNARY_GRAD): linear in the gradient
+    "tanh_grad": (0,),
+    "sigmoid_grad": (0,),
 }
 _JOINT = {"where"}
 _LINEAR = {"sum", "avg"}  # multilinear entries that are in fact jointly linear

@@ -1,0 +1,822 @@
+"""Data parallelism: fused gradient buckets, overlap with backward and gradient merge, in one run.
+
+Run (N = 2 or 4 ranks; each rank one thread)::
+
+    OMP_NUM_THREADS=1 mpiexec -n 2 python bench/dp.py
+    OMP_NUM_THREADS=1 mpiexec -n 4 python bench/dp.py
+    OMP_NUM_THREADS=1 mpiexec -n 2 python bench/dp.py --quick   # smoke run, seconds
+
+All tables are timed with the method of bench/_timing.py: every timed call starts after a
+barrier, its time is the max over ranks, the variants of a table are interleaved in rounds
+with the order rotated, and the median is reported with the inter-quartile range (IQR,
+relative to the median) as the spread. The number of calls adapts to a time budget per table
+(``--budget``). Tables (b) and (c) start each call with a barrier that sleeps while it waits
+(``Ibarrier`` + ``Test`` + a 50 us sleep) instead of MPI's busy-polling ``Barrier``, so the
+ranks that idle during a one-process row do not take a core from rank 0 (with more ranks
+than cores, N = 4 on this 2-core machine, a spinning rank would halve its speed).
+
+(a) Fused vs one by one: ``--grads`` (1000) float32 gradients of ``--grad-size`` (1024)
+elements, different on every rank, reduced (sum) over all ranks:
+
+    raw one by one      1000 ``comm.Allreduce(g, out)``, a fresh ``out`` each (as dt does)
+    raw fused           the pack copy ``np.concatenate(grads, out=flat)`` into one buffer
+                        and one in-place ``Allreduce`` of it
+    dt one by one       1000 ``Partial(sum)`` DistTensors, each ``dt.reshard(g, mesh,
+                        [Replicate()])``: what ``dt.optim`` does per parameter without a
+                        DataParallel wrapper (Note [Optimizer placements])
+    dt buckets, no fuse DataParallel's Reducer with fusion off (``fuse=False``: a bucket each)
+    dt buckets, fused   DataParallel's Reducer with its default caps (first bucket 1 MiB, then
+                        25 MiB: 2 buckets for 1000 x 4 KiB)
+
+The dt bucket rows drive ``disttensor.parallel.buckets.Reducer`` directly, exactly as
+``DataParallel(overlap=False)`` does in one step, minus the backward pass around it: 1000
+parameters get a Partial ``.grad`` (untimed, before the barrier), then the timed call is
+``begin()``, ``arrive(p)`` for every parameter (what the post-accumulate-grad hook calls),
+``flush()`` (pack every bucket, one blocking all-reduce each) and ``finish()`` (every
+``.grad`` becomes a Replicate view into its bucket). A model of 1000 bias parameters would
+time 1000 backward ops around 2 all-reduces; driving the Reducer measures the fused path
+itself, per-gradient bookkeeping included. Goal: fused at least 5x faster than one by one.
+
+(b) Step time of a ``--layers`` (50) x (``dt.nn.Linear(w, w)``, ``dt.nn.Tanh()``) MLP, width
+``--width`` (128), ``dt.nn.MSELoss``, SGD (lr 0.01), global batch ``--batch`` (64), float32 (100
+parameter tensors, 3.3 MB). One step is forward (with the loss), backward, ``opt.step()``
+and ``opt.zero_grad()``; the loss is not read (a user would read it every few steps). Rows:
+
+    dt 1 process        a 1-rank mesh on rank 0, the other ranks idle
+    torch 1 process     the same model in PyTorch (nn.Linear + nn.Tanh, MSELoss, SGD,
+                        ``torch.set_num_threads(1)``), on rank 0
+    dt, no wrapper      all N ranks, batch Shard(0) over "dp", parameters Replicate; no
+                        wrapper: ``opt.step()`` all-reduces each of the 100 gradients
+    dt DP fuse=False    ``DataParallel(fuse=False, overlap=False)``: a bucket per gradient
+    dt DP fused         ``DataParallel(overlap=False)``: buckets reduced when finished
+    dt DP fused+overlap ``DataParallel()``: buckets reduced with ``Iallreduce`` during backward
+    torch DDP           ``DistributedDataParallel`` (gloo, CPU) on the same model, batch and
+                        ranks (torch.distributed initialized from the MPI rank and size)
+
+The dt DataParallel rows call ``dp_model.finish_gradients()`` before ``opt.step()`` (it waits
+for, or runs, the reductions; the step then finds nothing in flight), so the step's time is
+split into forward, backward, finish, opt.step and zero_grad (each the median of its per-step
+max over ranks; a rank that reaches a collective first waits there for the slowest, so
+finish, and opt.step without the wrapper, also hold the ranks' skew). Goal: dt with fusion
+and overlap faster than DDP (ratio dt / DDP < 1). With torch, a last line times the two
+transports alone on a buffer of all the gradients: MPI ``Allreduce`` (dt's) against gloo's
+``all_reduce`` (DDP's, TCP over the loopback here).
+
+(c) Gradient merge: ``DataParallel(k_steps=4)``: a step is 4 micro-steps (forward and backward
+of a batch of ``--batch`` each, reduced once after the 4th) and one opt.step; reported per
+micro-step, next to the same wrapper with k = 1.
+
+(d) Overlap: from the two fused rows of (b), how much of the reduction backward hid:
+``hidden = 1 - wait_overlap / reduce_blocking``, where reduce_blocking is the time of
+``finish_gradients()`` with overlap off (pack, all-reduce, views) and wait_overlap the same
+call with overlap on (the wait for buckets in flight, views); with the backward times of
+both, because overlap moves the pack copies and the launches into backward. Without an
+asynchronous progress thread (MPICH's default) the all-reduce's copies and sums are done by
+the ranks themselves inside MPI calls, here the ``Test`` calls DataParallel makes as each
+gradient becomes final: on cores the ranks already fill, overlap moves that work into
+backward rather than hiding it, so the net saving line matters as much as "hidden".
+
+Before any timing, in ``--quick`` too, an agreement check in float64 at the run's sizes:
+every variant is built afresh from the same initial weights (dt's seeded factories give the
+same weights on every mesh; torch's are copied from dt's, transposed: dt's Linear weight is
+(in, out) with ``y = x @ W + b``, torch's is (out, in)) and takes 3 SGD steps, a new batch
+each. dt one process is the reference (on rank 0, broadcast); every rank checks its own copy
+of every data-parallel variant (no wrapper, DP fuse=False, fused, fused+overlap, and k=4
+gradient merge fed the same batches as 4 micro-batches of a quarter), torch one process and
+DDP: each step's loss (the mean of the 4 micro-losses for k=4, the mean over ranks for DDP)
+to 1e-9 relative, and every final parameter to 1e-9 of how far it moved
+(``max|p - p_ref| <= 1e-9 * max|p_ref - p_initial|``); every variant must move every tensor.
+(a)'s variants are checked too (exact sums of small integers). On a mismatch every rank
+exits non-zero and rank 0 prints what differed; no time is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_v, "1")
+
+import numpy as np  # noqa: E402
+from mpi4py import MPI  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _timing import Stats, adaptive_iters, format_table, load_line, timed_block  # noqa: E402
+
+import disttensor as dt  # noqa: E402
+from disttensor.parallel.buckets import MiB, Reducer  # noqa: E402
+
+LR = 0.01
+K = 4  # gradient merge steps
+CHECK_STEPS = 3
+LOSS_TOL = 1e-9  # |loss_a - loss_ref| / |loss_ref|, every step
+PARAM_TOL = 1e-9  # max|p_a - p_ref| / max|p_ref - p_initial|, per tensor, after the steps
+PHASES = ("forward", "backward", "finish", "opt.step", "zero_grad")
+GOAL_FUSED = 5.0
+
+try:  # optional: the torch rows
+    import torch
+except ImportError:
+    torch = None
+
+
+class CheckFailed(Exception):
+    pass
+
+
+# -- timing --------------------------------------------------------------------------------
+def gentle_barrier(comm: MPI.Comm) -> None:
+    """A barrier that sleeps while it waits, so idle ranks leave the cores to busy ones."""
+    req = comm.Ibarrier()
+    while not req.Test():
+        time.sleep(5e-5)
+
+
+def run_table(
+    comm: MPI.Comm,
+    fns: Mapping[str, Callable[[], Any]],
+    befores: Mapping[str, Callable[[], Any]],
+    budget_s: float,
+    rounds: int,
+    warmup: int,
+    iters: int | None = None,
+    resets: list | None = None,
+) -> dict[str, Stats]:
+    """bench/_timing.py's method with a ``before`` per variant: ``warmup`` untimed calls of
+    each (their wall time sizes the run to ``budget_s`` unless ``iters`` is given), then the
+    variants interleaved in ``rounds`` rounds with the order rotated. ``resets`` (lists)
+    are emptied after the warm-up, so phase records hold the timed calls only."""
+    t0 = time.perf_counter()
+    for k, fn in fns.items():
+        timed_block(comm, fn, warmup, befores[k])
+    per_call = comm.allreduce((time.perf_counter() - t0) / max(warmup, 1), op=MPI.MAX)
+    if iters is None:
+        iters = adaptive_iters(per_call, budget_s, lo=8, hi=400)
+    for r in resets or []:
+        r.clear()
+    rounds = max(1, min(rounds, iters))
+    names = list(fns)
+    samples: dict[str, list[np.ndarray]] = {k: [] for k in names}
+    for r in range(rounds):
+        per_round = iters // rounds + (r < iters % rounds)
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for k in order:
+            samples[k].append(timed_block(comm, fns[k], per_round, befores[k]))
+    return {k: Stats(np.concatenate(v)) for k, v in samples.items()}
+
+
+def ms(t: float) -> str:
+    return f"{t * 1e3:.2f}"
+
+
+# -- models --------------------------------------------------------------------------------
+def build_dt_mlp(mesh: dt.ProcessMesh, layers: int, width: int, dtype: Any) -> dt.nn.Module:
+    dt.manual_seed(0)  # the same weights on every mesh
+    mods: list[dt.nn.Module] = []
+    for _ in range(layers):
+        mods += [dt.nn.Linear(width, width, dtype=dtype, mesh=mesh), dt.nn.Tanh()]
+    return dt.nn.Sequential(*mods)
+
+
+# (name, wrapper arguments or None for no wrapper)
+DP_MODES: dict[str, dict | None] = {
+    "dt, no wrapper": None,
+    "dt DP fuse=False": {"fuse": False, "overlap": False},
+    "dt DP fused": {"overlap": False},
+    "dt DP fused+overlap": {"overlap": True},
+}
+
+
+@dataclass
+class DtRun:
+    """A dt model, its optimizer and loss; ``step`` takes one optimizer step over the
+    micro-batches given, recording phase times."""
+
+    mesh: dt.ProcessMesh
+    placements: list
+    inner: dt.nn.Module
+    dp: dt.DataParallel | None
+    opt: dt.optim.SGD
+    loss_fn: dt.nn.MSELoss = field(default_factory=dt.nn.MSELoss)
+    phases: list = field(default_factory=list)
+
+    @classmethod
+    def make(cls, mesh, args, dtype, wrap: dict | None, k: int = 1, dp: bool = True) -> DtRun:
+        inner = build_dt_mlp(mesh, args.layers, args.width, dtype)
+        wrapper = None
+        if wrap is not None:
+            wrapper = dt.DataParallel(inner, mesh, dim="dp", k_steps=k, **wrap)
+        model = inner if wrapper is None else wrapper
+        opt = dt.optim.SGD(model.parameters(), lr=LR)
+        placements = [dt.Shard(0)] if dp else [dt.Replicate()]
+        return cls(mesh, placements, inner, wrapper, opt)
+
+    @property
+    def model(self):
+        return self.inner if self.dp is None else self.dp
+
+    def data(self, arrays: list[np.ndarray]) -> list[dt.DistTensor]:
+        return [dt.shard_tensor(a, self.mesh, self.placements) for a in arrays]
+
+    def step(self, micro: list, losses: list | None = None):
+        pc = time.perf_counter
+        tf = tb = 0.0
+        loss = None
+        for x, t in micro:
+            t0 = pc()
+            loss = self.loss_fn(self.model(x), t)
+            t1 = pc()
+            loss.backward()
+            tb += pc() - t1
+            tf += t1 - t0
+            if losses is not None:  # the agreement check: a collective
+                losses.append(float(loss))
+        t2 = pc()
+        if self.dp is not None:
+            self.dp.finish_gradients()
+        t3 = pc()
+        self.opt.step()
+        t4 = pc()
+        self.opt.zero_grad()
+        t5 = pc()
+        self.phases.append((tf, tb, t3 - t2, t4 - t3, t5 - t4))
+        return loss
+
+    def params(self) -> list[np.ndarray]:
+        """Parameters in (W, b) order, this rank's copies (Replicate: the whole tensor)."""
+        return [p.to_local().copy() for p in self.inner.parameters()]
+
+
+@dataclass
+class TorchRun:
+    """The same model in PyTorch, from dt's weights; ``ddp`` wraps it in DDP."""
+
+    model: Any
+    opt: Any
+    phases: list = field(default_factory=list)
+
+    @classmethod
+    def make(cls, init: list[np.ndarray], dtype: Any, ddp: bool) -> TorchRun:
+        tdtype = torch.float64 if np.dtype(dtype) == np.float64 else torch.float32
+        mods = []
+        for w, b in zip(init[0::2], init[1::2], strict=True):
+            lin = torch.nn.Linear(w.shape[0], w.shape[1], dtype=tdtype)
+            with torch.no_grad():
+                lin.weight.copy_(torch.from_numpy(np.ascontiguousarray(w.T)))
+                lin.bias.copy_(torch.from_numpy(b))
+            mods += [lin, torch.nn.Tanh()]
+        model = torch.nn.Sequential(*mods)
+        if ddp:
+            model = torch.nn.parallel.DistributedDataParallel(model)
+        return cls(model, torch.optim.SGD(model.parameters(), lr=LR))
+
+    def step(self, micro: list, losses: list | None = None):
+        pc = time.perf_counter
+        tf = tb = 0.0
+        loss = None
+        for x, t in micro:
+            t0 = pc()
+            loss = torch.nn.functional.mse_loss(self.model(x), t)
+            t1 = pc()
+            loss.backward()
+            tb += pc() - t1
+            tf += t1 - t0
+            if losses is not None:
+                losses.append(loss.item())
+        t3 = pc()
+        self.opt.step()
+        t4 = pc()
+        self.opt.zero_grad()
+        t5 = pc()
+        self.phases.append((tf, tb, 0.0, t4 - t3, t5 - t4))
+        return loss
+
+    def params(self) -> list[np.ndarray]:
+        """In dt's layout: W (in, out), b."""
+        out = []
+        for m in self.model.modules():
+            if isinstance(m, torch.nn.Linear):
+                out += [m.weight.detach().numpy().T.copy(), m.bias.detach().numpy().copy()]
+        return out
+
+
+def init_torch_dist(comm: MPI.Comm) -> None:
+    import torch.distributed as tdist
+
+    port = None
+    if comm.Get_rank() == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    port = comm.bcast(port, root=0)
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(comm.Get_rank()),
+        WORLD_SIZE=str(comm.Get_size()),
+    )
+    tdist.init_process_group("gloo", init_method="env://")
+
+
+def local_rows(a: np.ndarray, rank: int, n: int) -> np.ndarray:
+    b = a.shape[0] // n
+    return np.ascontiguousarray(a[rank * b : (rank + 1) * b])
+
+
+def split(a: np.ndarray, k: int) -> list[np.ndarray]:
+    return [np.ascontiguousarray(c) for c in np.split(a, k)]
+
+
+# -- agreement check -----------------------------------------------------------------------
+def agreement_check(comm, args, one, mesh) -> str:
+    """Every variant, in float64, against dt on one process (module docstring). Returns the
+    summary line; raises CheckFailed (on every rank) on a mismatch."""
+    rank, n = comm.Get_rank(), comm.Get_size()
+    start = time.perf_counter()
+    f64 = np.float64
+    rng = np.random.default_rng(1)
+    batches = [rng.standard_normal((2, args.batch, args.width)) for _ in range(CHECK_STEPS)]
+    failures: list[str] = []
+    worst = {"loss": 0.0, "parameters": 0.0}
+
+    def run(r, micro_of, init=None) -> tuple[list[float], list[np.ndarray]]:
+        if init is not None and not all(
+            np.array_equal(p, q) for p, q in zip(r.params(), init, strict=True)
+        ):
+            failures.append(f"rank {rank}: initial weights differ from dt 1 process")
+        losses: list[float] = []
+        for x, t in batches:
+            got: list[float] = []
+            r.step(micro_of(r, x, t), got)
+            losses.append(float(np.mean(got)))
+        return losses, r.params()
+
+    def dt_micro(k):
+        def micro(r, x, t):
+            return list(zip(r.data(split(x, k)), r.data(split(t, k)), strict=True))
+
+        return micro
+
+    ref = None
+    if rank == 0:
+        r0 = DtRun.make(one, args, f64, None, dp=False)
+        ref = (r0.params(), *run(r0, dt_micro(1)))
+    init, ref_losses, ref_final = comm.bcast(ref, root=0)
+
+    def compare(name: str, losses: list[float], final: list[np.ndarray]) -> None:
+        for s, (a, b) in enumerate(zip(losses, ref_losses, strict=True), 1):
+            r = abs(a - b) / abs(b)
+            worst["loss"] = max(worst["loss"], r)
+            if not r <= LOSS_TOL:
+                failures.append(
+                    f"rank {rank}: {name} step {s} loss {a!r} vs dt 1 process {b!r}: "
+                    f"relative difference {r:.3g} > {LOSS_TOL:g}"
+                )
+        for i, (p, q, p0) in enumerate(zip(final, ref_final, init, strict=True)):
+            what = f"layer {i // 2} {'weight' if i % 2 == 0 else 'bias'}"
+            moved = float(np.max(np.abs(q - p0)))
+            if not float(np.max(np.abs(p - p0))) > 0:
+                failures.append(f"rank {rank}: {name}: {what} did not change in the steps")
+            r = float(np.max(np.abs(p - q))) / moved if moved > 0 else float("inf")
+            worst["parameters"] = max(worst["parameters"], r)
+            if not r <= PARAM_TOL:
+                failures.append(
+                    f"rank {rank}: {name}: {what} differs from dt 1 process by {r:.3g} of its "
+                    f"change ({moved:.3g}) > {PARAM_TOL:g}"
+                )
+
+    def guarded(name: str, fn) -> None:
+        """Run the variant (an error there is uncaught: disttensor's hook ends the job), then
+        compare; a comparison that cannot run is a failure (and the collectives go on)."""
+        result = fn()
+        try:
+            compare(name, *result)
+        except Exception as e:
+            failures.append(f"rank {rank}: comparing {name} raised {e!r}")
+
+    def dt_variant(name: str, wrap: dict | None, k: int = 1):
+        r = DtRun.make(mesh, args, f64, wrap, k=k)
+        if name == args.plant:  # the test that a wrong variant fails the check
+            r.opt.set_lr(LR * (1 + 1e-7))
+        return run(r, dt_micro(k), init)
+
+    checked = ["dt 1 process"]
+    for name, wrap in DP_MODES.items():
+        guarded(name, lambda name=name, wrap=wrap: dt_variant(name, wrap))
+        checked.append(name)
+    name = f"dt DP fused+overlap k={K}"
+    guarded(name, lambda: dt_variant(name, {}, K))
+    checked.append(name)
+
+    if torch is not None:
+
+        def torch_micro(local):
+            def micro(r, x, t):
+                if local:
+                    x, t = local_rows(x, rank, n), local_rows(t, rank, n)
+                return [(torch.from_numpy(x), torch.from_numpy(t))]
+
+            return micro
+
+        if rank == 0:
+            guarded(
+                "torch 1 process",
+                lambda: run(TorchRun.make(init, f64, False), torch_micro(False), init),
+            )
+        checked.append("torch 1 process")
+
+        def ddp():
+            losses, final = run(TorchRun.make(init, f64, True), torch_micro(True), init)
+            return [comm.allreduce(v) / n for v in losses], final  # the global batch's loss
+
+        guarded("torch DDP", ddp)
+        checked.append("torch DDP")
+
+    verdicts = comm.allgather((failures, worst))
+    failures = [f for fs, _ in verdicts for f in fs]
+    if failures:
+        shown = [f"  {f}" for f in failures[:30]]
+        if len(failures) > 30:
+            shown.append(f"  ... and {len(failures) - 30} more")
+        raise CheckFailed("\n".join(shown))
+    worst = {k: max(w[k] for _, w in verdicts) for k in worst}
+    return (
+        f"agreement check (float64, {CHECK_STEPS} SGD steps, {len(checked)} variants: "
+        f"{', '.join(checked)}): losses and final parameters agree with dt 1 process "
+        f"(max rel diff: loss {worst['loss']:.1e}, parameters {worst['parameters']:.1e} of "
+        f"their change; tolerances {LOSS_TOL:g}, {PARAM_TOL:g}; "
+        f"{time.perf_counter() - start:.2f} s)"
+    )
+
+
+# -- (a) one by one vs fused ---------------------------------------------------------------
+def fused_case(comm, mesh, args):
+    """The variants of table (a), with what each must compute; returns (fns, befores,
+    check)."""
+    rank, n = comm.Get_rank(), comm.Get_size()
+    size, count = args.grad_size, args.grads
+    base = np.arange(size, dtype=np.int64)
+    # small integers: every reduction order gives the same float32 sums
+    grads = [((base + 7 * i + rank) % 251).astype(np.float32) for i in range(count)]
+    want = [
+        sum(((base + 7 * i + r) % 251) for r in range(n)).astype(np.float32) for i in range(count)
+    ]
+    flat = np.empty(size * count, np.float32)
+
+    def raw_one():
+        outs = []
+        for g in grads:
+            out = np.empty_like(g)
+            comm.Allreduce(g, out, op=MPI.SUM)
+            outs.append(out)
+        return outs
+
+    def raw_fused():
+        np.concatenate(grads, out=flat)
+        comm.Allreduce(MPI.IN_PLACE, flat, op=MPI.SUM)
+        return flat
+
+    parts = [dt.dtensor_from_local(g, mesh, [dt.Partial()], global_shape=(size,)) for g in grads]
+    rep = [dt.Replicate()]
+
+    def dt_one():
+        return [dt.reshard(p, mesh, rep) for p in parts]
+
+    def reducer_case(caps):
+        params = [dt.nn.Parameter(dt.zeros((size,), np.float32, mesh=mesh)) for _ in range(count)]
+        red = Reducer(params, mesh, (0,), caps)
+        backward_order = params[::-1]
+
+        def before():
+            for p, g in zip(params, parts):
+                p.grad = g
+            comm.Barrier()
+
+        def fn():
+            red.begin()
+            for p in params:
+                red.arrive(p, launch=False)
+            red.flush(backward_order)
+            return red.finish(1.0)
+
+        return fn, before, params, red
+
+    default_caps = (1.0 * MiB, 25.0 * MiB)  # DataParallel's defaults
+    nofuse, nofuse_before, nofuse_params, _ = reducer_case((0, 0))
+    fused, fused_before, fused_params, fused_red = reducer_case(default_caps)
+
+    fns = {
+        "raw one by one": raw_one,
+        "raw fused": raw_fused,
+        "dt one by one (dt.reshard)": dt_one,
+        "dt buckets, fuse=False": nofuse,
+        "dt buckets, fused": fused,
+    }
+    befores = {k: comm.Barrier for k in fns}
+    befores["dt buckets, fuse=False"] = nofuse_before
+    befores["dt buckets, fused"] = fused_before
+
+    def check() -> list[str]:
+        bad = []
+        if not all(np.array_equal(a, b) for a, b in zip(raw_one(), want, strict=True)):
+            bad.append("raw one by one")
+        if not np.array_equal(raw_fused(), np.concatenate(want)):
+            bad.append("raw fused")
+        got = dt_one()
+        if not all(
+            g.placements == rep and np.array_equal(g.to_local(), w)
+            for g, w in zip(got, want, strict=True)
+        ):
+            bad.append("dt one by one")
+        for name, b4, fn, params in (
+            ("dt buckets, fuse=False", nofuse_before, nofuse, nofuse_params),
+            ("dt buckets, fused", fused_before, fused, fused_params),
+        ):
+            for _ in range(2):  # the first call builds the layout, the second reuses it
+                b4()
+                done = fn()
+                ok = len(done) == count and all(
+                    p.grad.placements == rep and np.array_equal(p.grad.to_local(), w)
+                    for p, w in zip(params, want, strict=True)
+                )
+                if not ok:
+                    bad.append(name)
+                    break
+        return [f"rank {rank}: (a) {b} computed a wrong sum" for b in bad]
+
+    layout = fused_red.summary
+    return fns, befores, check, layout
+
+
+# -- main ----------------------------------------------------------------------------------
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--grads", type=int, default=1000, help="(a): gradients")
+    ap.add_argument("--grad-size", type=int, default=1024, help="(a): float32 elements each")
+    ap.add_argument("--layers", type=int, default=50)
+    ap.add_argument("--width", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=64, help="global batch (per micro-step)")
+    ap.add_argument("--budget", type=float, default=20.0, help="seconds of timed calls per table")
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--no-torch", action="store_true", help="leave the torch rows out")
+    ap.add_argument("--quick", action="store_true", help="tiny sizes, a few calls (< 20 s)")
+    ap.add_argument("--plant", default=None, help=argparse.SUPPRESS)  # a variant to get wrong
+    args = ap.parse_args()
+    global torch
+    if args.no_torch:
+        torch = None
+    iters = None
+    if args.quick:
+        args.grads, args.grad_size, args.layers, args.width, args.batch = 100, 256, 4, 16, 16
+        args.rounds, args.warmup, iters = 2, 1, 4
+
+    start, load_before = time.perf_counter(), os.getloadavg()[0]
+    comm = MPI.COMM_WORLD
+    rank, n = comm.Get_rank(), comm.Get_size()
+    if n < 2:
+        sys.exit("bench/dp.py compares data parallelism over N >= 2 ranks: mpiexec -n N")
+    if args.batch % (K * n):
+        sys.exit(f"--batch {args.batch} must be a multiple of {K} x {n} ranks (k={K} merge)")
+    one = dt.ProcessMesh([0], dim_names=["dp"])
+    mesh = dt.ProcessMesh(list(range(n)), dim_names=["dp"])
+    if torch is not None:
+        torch.set_num_threads(1)
+        init_torch_dist(comm)
+
+    def say(*lines: str) -> None:
+        if rank == 0:
+            print(*lines, sep="\n", flush=True)
+
+    cores = os.cpu_count() or 1
+    say(
+        f"bench/dp.py: {n} ranks on {cores} cores"
+        + (f" (OVERSUBSCRIBED: {n} ranks share {cores} cores)" if n > cores else "")
+        + f", 1 thread per rank; {MPI.Get_library_version().splitlines()[0].strip()}, "
+        f"mpi4py {sys.modules['mpi4py'].__version__}, numpy {np.__version__}, "
+        + (f"torch {torch.__version__}" if torch is not None else "torch not installed")
+    )
+    if n > cores:
+        say(
+            "  (more ranks than cores: MPI ranks busy-poll in collectives and share the "
+            "cores, so absolute times are inflated and noisy; gloo (DDP) blocks instead of "
+            "polling; compare within a table)"
+        )
+
+    # -- agreement check ---------------------------------------------------------------
+    try:
+        say(agreement_check(comm, args, one, mesh))
+        fns_a, befores_a, check_a, layout = fused_case(comm, mesh, args)
+        bad = [f for fs in comm.allgather(check_a()) for f in fs]
+        if bad:
+            raise CheckFailed("\n".join(f"  {f}" for f in bad))
+    except CheckFailed as e:
+        say("dp: agreement check FAILED (the benchmark is invalid):", str(e))
+        return 1
+
+    # -- (a) -----------------------------------------------------------------------------
+    st = run_table(comm, fns_a, befores_a, args.budget, args.rounds, args.warmup, iters)
+    lay = layout()
+    sizes = " + ".join(f"{b['bytes'] / MiB:.2f} MiB" for b in lay["buckets"])
+    mb = args.grads * args.grad_size * 4 / MiB
+    say(
+        "",
+        f"(a) {args.grads} float32 gradients of {args.grad_size} elements ({mb:.2f} MiB), "
+        f"sum over {n} ranks; {len(st['raw fused'].times)} calls per variant",
+    )
+    rows = [
+        [k, ms(s.median), f"{s.median / args.grads * 1e6:.1f}", f"{s.spread:.0%}"]
+        for k, s in st.items()
+    ]
+    say(format_table(["variant", "ms (median)", "us per gradient", "IQR"], rows))
+    raw_x = st["raw one by one"].median / st["raw fused"].median
+    dt_x = st["dt one by one (dt.reshard)"].median / st["dt buckets, fused"].median
+    say(
+        f"dt fused = DataParallel's Reducer, default caps: {len(lay['buckets'])} buckets ({sizes})",
+        f"fused speed-up, raw mpi4py: {raw_x:.1f}x; dt (reshard one by one -> buckets): "
+        f"{dt_x:.1f}x (goal: fused >= {GOAL_FUSED:g}x faster than one by one: "
+        f"{'met' if dt_x >= GOAL_FUSED else 'NOT met'})",
+        f"dt fused / raw fused: {st['dt buckets, fused'].median / st['raw fused'].median:.2f}x; "
+        f"dt one by one / raw one by one: "
+        f"{st['dt one by one (dt.reshard)'].median / st['raw one by one'].median:.2f}x",
+    )
+    del fns_a, befores_a
+
+    # -- (b) -----------------------------------------------------------------------------
+    rng = np.random.default_rng(0)
+    f32 = np.float32
+    x_np, t_np = rng.standard_normal((2, args.batch, args.width)).astype(f32)
+    merge = rng.standard_normal((K, 2, args.batch, args.width)).astype(f32)
+    runs: dict[str, Any] = {}
+    fns: dict[str, Callable[[], Any]] = {}
+    idle_phases: dict[str, list] = {}
+
+    def on_rank0(name: str, r, micro) -> None:
+        if rank == 0:
+            runs[name] = r
+            fns[name] = lambda: r.step(micro)
+        else:
+            idle_phases[name] = []
+            fns[name] = lambda: idle_phases[name].append((0.0,) * len(PHASES))
+
+    r1 = DtRun.make(one, args, f32, None, dp=False) if rank == 0 else None
+    init32 = comm.bcast(r1.params() if rank == 0 else None, root=0)
+    on_rank0("dt 1 process", r1, [tuple(r1.data([x_np, t_np]))] if rank == 0 else None)
+    if torch is not None:
+        tr = TorchRun.make(init32, f32, ddp=False) if rank == 0 else None
+        on_rank0("torch 1 process", tr, [(torch.from_numpy(x_np), torch.from_numpy(t_np))])
+    for name, wrap in DP_MODES.items():
+        r = runs[name] = DtRun.make(mesh, args, f32, wrap)
+        micro = [tuple(r.data([x_np, t_np]))]
+        fns[name] = lambda r=r, micro=micro: r.step(micro)
+    if torch is not None:
+        r = runs["torch DDP"] = TorchRun.make(init32, f32, ddp=True)
+        micro = [tuple(torch.from_numpy(local_rows(a, rank, n)) for a in (x_np, t_np))]
+        fns["torch DDP"] = lambda r=r, micro=micro: r.step(micro)
+
+    def phases_of(name: str) -> list:
+        return runs[name].phases if name in runs else idle_phases[name]
+
+    def phase_medians(names) -> dict[str, np.ndarray]:
+        out = {}
+        for k in names:  # the same calls on every rank, in the same order
+            a = np.array(phases_of(k), dtype=np.float64).reshape(-1, len(PHASES))
+            comm.Allreduce(MPI.IN_PLACE, a, op=MPI.MAX)
+            out[k] = np.median(a, axis=0)
+        return out
+
+    gentle = {k: (lambda: gentle_barrier(comm)) for k in fns}
+    resets = [phases_of(k) for k in fns]
+    st = run_table(comm, fns, gentle, args.budget, args.rounds, args.warmup, iters, resets)
+    ph = phase_medians(fns)
+    nparams = 2 * args.layers
+    pbytes = nparams // 2 * (args.width * args.width + args.width) * 4
+    say(
+        "",
+        f"(b) step time, MLP {args.layers} x (Linear({args.width}, {args.width}), Tanh), "
+        f"MSELoss, SGD lr {LR}, global batch {args.batch}, float32 ({nparams} parameter "
+        f"tensors, {pbytes / 1e6:.1f} MB); {len(st['dt 1 process'].times)} steps per variant",
+    )
+    rows = []
+    ddp = st.get("torch DDP")
+    for k, s in st.items():
+        ranks = "1" if "1 process" in k else str(n)
+        rows.append([
+            k, ranks, ms(s.median), f"{s.spread:.0%}", *(ms(v) for v in ph[k]),
+            "-" if ddp is None else f"{s.median / ddp.median:.2f}",
+        ])  # fmt: skip
+    if torch is None:
+        rows.insert(1, ["torch 1 process", "1", "torch not installed", *[""] * 7])
+        rows.append(["torch DDP", str(n), "torch not installed", *[""] * 7])
+    headers = ["variant", "ranks", "step ms", "IQR", *(f"{p} ms" for p in PHASES), "/ DDP"]
+    say(format_table(headers, rows))
+    say(
+        "phases: medians of each phase's per-step max over ranks (they need not add up to "
+        "the step's median); 'finish' = dp_model.finish_gradients() (DataParallel rows); "
+        "without the wrapper the all-reduces are inside opt.step; DDP's reductions are "
+        "inside its backward"
+    )
+    ovl = st["dt DP fused+overlap"].median
+    if ddp is not None:
+        ratio = ovl / ddp.median
+        say(
+            f"dt DP fused+overlap / torch DDP: {ratio:.2f} (goal: dt with fusion and overlap "
+            f"faster than DDP, ratio < 1: {'met' if ratio < 1 else 'NOT met'})",
+            f"dt 1 process / torch 1 process: "
+            f"{st['dt 1 process'].median / st['torch 1 process'].median:.2f}",
+        )
+    else:
+        say("dt DP fused+overlap / torch DDP: torch not installed (goal: dt faster than DDP)")
+    say(
+        f"speed-up over dt 1 process, {n} ranks: "
+        + ", ".join(f"{k} {st['dt 1 process'].median / st[k].median:.2f}x" for k in DP_MODES)
+    )
+    if torch is not None:  # what the two transports cost for this model's gradients
+        import torch.distributed as tdist
+
+        grad_elems = pbytes // 4
+        buf, tbuf = np.zeros(grad_elems, f32), torch.zeros(grad_elems)  # sums stay 0
+        fns_t = {
+            "MPI": lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM),
+            "gloo": lambda: tdist.all_reduce(tbuf),
+        }
+        gentle_t = {k: (lambda: gentle_barrier(comm)) for k in fns_t}
+        st_t = run_table(comm, fns_t, gentle_t, args.budget / 4, args.rounds, args.warmup, iters)
+        say(
+            f"one all-reduce of all {pbytes / 1e6:.1f} MB of gradients, the transports alone: "
+            f"MPI Allreduce (dt) {ms(st_t['MPI'].median)} ms (IQR {st_t['MPI'].spread:.0%}), "
+            f"gloo all_reduce (DDP) {ms(st_t['gloo'].median)} ms "
+            f"(IQR {st_t['gloo'].spread:.0%})"
+        )
+
+    # -- (d) -----------------------------------------------------------------------------
+    blocking = ph["dt DP fused"]
+    overlap = ph["dt DP fused+overlap"]
+    red, wait = blocking[2], overlap[2]
+    hidden = 1 - wait / red if red > 0 else float("nan")
+    net = (blocking[1] + blocking[2]) - (overlap[1] + overlap[2])
+    say(
+        "",
+        f"(d) overlap: reduce_blocking (finish_gradients, overlap off: pack + all-reduce + "
+        f"views) {ms(red)} ms; wait_overlap (finish_gradients, overlap on: wait + views) "
+        f"{ms(wait)} ms; hidden = 1 - wait_overlap / reduce_blocking = {hidden:.0%}",
+        f"    backward {ms(blocking[1])} ms (overlap off) vs {ms(overlap[1])} ms (overlap on: "
+        f"the pack copies, launches and MPI tests run in it); backward + finish saved by "
+        f"overlap: {ms(net)} ms per step",
+    )
+
+    # -- (c) -----------------------------------------------------------------------------
+    k1 = runs["dt DP fused+overlap"]
+    rk = runs[f"k={K}"] = DtRun.make(mesh, args, f32, {"overlap": True}, k=K)
+    micro_k = [tuple(rk.data([m[0], m[1]])) for m in merge]
+    fns_c = {
+        "dt DP fused+overlap, k=1": fns["dt DP fused+overlap"],
+        f"dt DP fused+overlap, k={K}": lambda: rk.step(micro_k),
+    }
+    gentle_c = {k: (lambda: gentle_barrier(comm)) for k in fns_c}
+    st = run_table(
+        comm, fns_c, gentle_c, args.budget, args.rounds, args.warmup, iters, [k1.phases, rk.phases]
+    )
+    a = np.array(k1.phases).reshape(-1, len(PHASES))
+    b = np.array(rk.phases).reshape(-1, len(PHASES))
+    comm.Allreduce(MPI.IN_PLACE, a, op=MPI.MAX)
+    comm.Allreduce(MPI.IN_PLACE, b, op=MPI.MAX)
+    ph1, phk = np.median(a, axis=0), np.median(b, axis=0) / K
+    s1, sk = st["dt DP fused+overlap, k=1"], st[f"dt DP fused+overlap, k={K}"]
+    say(
+        "",
+        f"(c) gradient merge: DataParallel(k_steps={K}), a step = {K} micro-steps of batch "
+        f"{args.batch} + one reduction and opt.step; per micro-step; "
+        f"{len(s1.times)} steps per variant",
+    )
+    rows = [
+        ["k=1", ms(s1.median), f"{s1.spread:.0%}", *(ms(v) for v in ph1)],
+        [f"k={K}", ms(sk.median / K), f"{sk.spread:.0%}", *(ms(v) for v in phk)],
+    ]
+    say(
+        format_table(
+            ["DP fused+overlap", "micro-step ms", "IQR", *(f"{p} ms" for p in PHASES)], rows
+        )
+    )
+    say(
+        f"phases per micro-step: for k={K} the step's forward and backward (the {K} passes), "
+        f"finish, opt.step and zero_grad, divided by {K}"
+    )
+    say(f"k={K} / k=1 per micro-step: {sk.median / K / s1.median:.2f}")
+    say("", load_line(start, load_before))
+    if torch is not None:
+        import torch.distributed as tdist
+
+        tdist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
