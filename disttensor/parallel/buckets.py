@@ -53,6 +53,7 @@ class Member:
     offset: int
     size: int
     shape: tuple[int, ...]  # local shape
+    view: np.ndarray | None = None  # its place in the bucket's buffer, made once per layout
 
 
 @dataclass
@@ -182,6 +183,8 @@ class Reducer:
     def _close(self, b: Bucket) -> None:
         del self.building[b.key]
         b.buffer = np.empty(b.size, np.dtype(b.key[1]))
+        for m in b.members:
+            m.view = b.buffer[m.offset : m.offset + m.size].reshape(m.shape)
         self.buckets.append(b)
 
     def end_of_backward(self, launch: bool) -> None:
@@ -197,10 +200,12 @@ class Reducer:
                     self._launch(b, blocking=False)
 
     def poke(self) -> None:
-        """Let MPI progress the reductions in flight (a cheap test of each)."""
+        """Let MPI progress the reductions in flight: one test call runs the progress engine
+        for all of them, so only the oldest is tested."""
         for b in self.buckets:
             if b.work is not None:
                 b.work.test()
+                return
 
     def flush(self, order: list) -> None:
         """Reduce now, blocking, every bucket not yet launched, after ``begin`` (this round's
@@ -226,11 +231,7 @@ class Reducer:
     def _launch(self, b: Bucket, blocking: bool) -> None:
         buf = b.buffer
         for m, here in zip(b.members, b.present):
-            view = buf[m.offset : m.offset + m.size]
-            if here:
-                np.copyto(view.reshape(m.shape), m.param.grad._local)
-            else:
-                view[...] = 0
+            m.view[...] = m.param.grad._local if here else 0
         b.launched = True
         if blocking:
             b.group.allreduce(buf, buf, b.key[2])
@@ -255,8 +256,7 @@ class Reducer:
                 b.buffer *= scale
             for m, here in zip(b.members, b.present):
                 if here:
-                    view = b.buffer[m.offset : m.offset + m.size].reshape(m.shape)
-                    m.param.grad = DistTensor(view, m.reduced)
+                    m.param.grad = DistTensor(m.view, m.reduced)
                     done.add(id(m.param))
             b.launched = False
         return done
