@@ -85,9 +85,15 @@ def adaptive_iters(per_call: float, budget_s: float, lo: int, hi: int) -> int:
 
 
 def interleaved(
-    comm: MPI.Comm, fns: Mapping[str, Callable[[], Any]], iters: int, rounds: int = 8
+    comm: MPI.Comm,
+    fns: Mapping[str, Callable[[], Any]],
+    iters: int,
+    rounds: int = 8,
+    befores: Mapping[str, Callable[[], Any] | None] | None = None,
 ) -> dict[str, Stats]:
-    """``iters`` timed calls of every variant, in ``rounds`` rounds with the order rotated."""
+    """``iters`` timed calls of every variant, in ``rounds`` rounds with the order rotated;
+    ``befores[k]`` replaces the barrier before each call of variant ``k`` (timed_block)."""
+    befores = befores or {}
     rounds = max(1, min(rounds, iters))
     names = list(fns)
     samples: dict[str, list[np.ndarray]] = {k: [] for k in names}
@@ -95,7 +101,7 @@ def interleaved(
         per_round = iters // rounds + (r < iters % rounds)
         order = names[r % len(names) :] + names[: r % len(names)]
         for k in order:
-            samples[k].append(timed_block(comm, fns[k], per_round))
+            samples[k].append(timed_block(comm, fns[k], per_round, befores.get(k)))
     return {k: Stats(np.concatenate(v)) for k, v in samples.items()}
 
 

@@ -108,7 +108,14 @@ import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import Stats, adaptive_iters, format_table, load_line, timed_block  # noqa: E402
+from _timing import (  # noqa: E402
+    Stats,
+    adaptive_iters,
+    format_table,
+    interleaved,
+    load_line,
+    timed_block,
+)
 
 import disttensor as dt  # noqa: E402
 from disttensor.parallel.buckets import MiB, Reducer  # noqa: E402
@@ -161,15 +168,7 @@ def run_table(
         iters = adaptive_iters(per_call, budget_s, lo=8, hi=400)
     for r in resets or []:
         r.clear()
-    rounds = max(1, min(rounds, iters))
-    names = list(fns)
-    samples: dict[str, list[np.ndarray]] = {k: [] for k in names}
-    for r in range(rounds):
-        per_round = iters // rounds + (r < iters % rounds)
-        order = names[r % len(names) :] + names[: r % len(names)]
-        for k in order:
-            samples[k].append(timed_block(comm, fns[k], per_round, befores[k]))
-    return {k: Stats(np.concatenate(v)) for k, v in samples.items()}
+    return interleaved(comm, fns, iters, rounds, befores)
 
 
 def ms(t: float) -> str:
