@@ -409,24 +409,38 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def grad_table(gst: dict, n: int) -> str:
-    """The autograd table (medians, us) and its goals."""
-    headers = ["autograd (cached)", "dt us", "numpy us", "overhead us", "torch us", "dt/torch"]
+    """The autograd table (medians and best samples, us) and its goals, judged both ways as
+    the cached table is (the medians land in either of the machine's speeds)."""
+    headers = ["autograd (cached)", "dt us", "numpy us", "overhead us", "best us", "torch us",
+               "dt/torch", "best dt/torch"]  # fmt: skip
     table, lines = [], []
     for name in GRAD_OPS:
-        t_dt, t_np = (float(np.median(gst[name, v])) * 1e6 for v in ("dt", "np"))
-        t_torch = float(np.median(gst[name, "torch"])) * 1e6 if (name, "torch") in gst else None
+        d, m = gst[name, "dt"], gst[name, "np"]
+        t_dt, t_np = float(np.median(d)) * 1e6, float(np.median(m)) * 1e6
+        best = (float(d.min()) - float(m.min())) * 1e6
+        tt = gst.get((name, "torch"))
+        t_torch = None if tt is None else float(np.median(tt)) * 1e6
+        best_ratio = None if tt is None else float(d.min()) / float(tt.min())
         table.append([
-            name, f"{t_dt:,.2f}", f"{t_np:,.2f}", f"{t_dt - t_np:,.2f}",
+            name, f"{t_dt:,.2f}", f"{t_np:,.2f}", f"{t_dt - t_np:,.2f}", f"{best:,.2f}",
             "-" if t_torch is None else f"{t_torch:,.2f}",
             "-" if t_torch is None else f"{t_dt / t_torch:.2f}x",
+            "-" if best_ratio is None else f"{best_ratio:.2f}x",
         ])  # fmt: skip
         if name == "add (grad)":
-            over = t_dt - t_np
-            ok = "met" if over <= GOAL_RECORDED_US else "NOT met"
-            lines.append(f"goal recorded op <= {GOAL_RECORDED_US:.0f} us over numpy: {ok}")
+            ok = "met" if t_dt - t_np <= GOAL_RECORDED_US else "NOT met"
+            ok_best = "met" if best <= GOAL_RECORDED_US else "NOT met"
+            lines.append(
+                f"goal recorded op <= {GOAL_RECORDED_US:.0f} us over numpy: {ok} "
+                f"(by the best samples: {ok_best})"
+            )
         elif t_torch is not None:
             ok = "met" if t_dt <= t_torch else "NOT met"
-            lines.append(f"goal {name} forward + backward no slower than PyTorch: {ok}")
+            ok_best = "met" if best_ratio <= 1 else "NOT met"
+            lines.append(
+                f"goal {name} forward + backward no slower than PyTorch: {ok} "
+                f"(by the best samples: {ok_best})"
+            )
     if torch is None:
         lines.append("(torch is not importable: no PyTorch column)")
     note = "" if n == 1 else f" (torch and numpy: one rank's local shards of the {n}-rank run)"

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -43,6 +44,18 @@ class _State(threading.local):
 
 
 _state = _State()
+
+
+class _Memo(threading.local):
+    """Reshards to reuse while ``table`` is a dict: dispatch's Note [One move per input];
+    ``_run`` sets a new one around each gradient function (a gradient is often resharded
+    the same way for several of its uses, e.g. both gradients of a matmul, and nothing
+    changes it in place meanwhile)."""
+
+    table: dict | None = None
+
+
+_memo = _Memo()
 _DistTensor: Any = None  # tensor.DistTensor once used (tensor.py imports this module)
 
 
@@ -131,7 +144,10 @@ class GradContext:
     @property
     def needs(self) -> tuple[bool, ...]:
         """Per argument: whether it needs a gradient."""
-        return tuple([t is not None for t in self.inputs])
+        ins = self.inputs
+        if len(ins) == 2:  # most ops: no comprehension frame
+            return (ins[0] is not None, ins[1] is not None)
+        return tuple([t is not None for t in ins])
 
     @property
     def out(self) -> Any:
@@ -257,33 +273,40 @@ def backward(tensor: Any, grad: Any = None, retain_graph: bool = False) -> None:
             "backward: this tensor does not require a gradient (no input of the ops that made "
             "it had requires_grad=True, or they ran under dt.no_grad())"
         )
+    spec = tensor._spec
     if grad is None:
-        if tensor.size != 1:
+        if spec.shape and math.prod(spec.shape) != 1:
             raise RuntimeError(
-                f"backward: a tensor of shape {tensor.shape} needs an explicit gradient "
+                f"backward: a tensor of shape {spec.shape} needs an explicit gradient "
                 "(grad=...); only one-element tensors default to 1"
             )
-        grad = _filled(tensor._spec, 1)
-    elif not isinstance(grad, _tensor_type()):
-        from .placement import Replicate
-        from .tensor import shard_tensor
+        # the seed: ones where the tensor has its shard (its local shape is the one of its
+        # spec with Partials read as Replicate, also off the mesh)
+        grad = _tensor_type()(np.ones(tensor._local.shape, spec.dtype), spec.without_partials())
+    else:
+        if not isinstance(grad, _tensor_type()):
+            from .placement import Replicate
+            from .tensor import shard_tensor
 
-        rep = [Replicate()] * tensor.mesh.ndim
-        grad = shard_tensor(np.asarray(grad, tensor.dtype), tensor.mesh, rep)
-    if grad.shape != tensor.shape:
-        raise ValueError(
-            f"backward: grad has shape {grad.shape} but the tensor has shape {tensor.shape}"
-        )
-    with no_grad():
-        _state.callbacks = []
-        try:
-            _run(tensor, grad, retain_graph)
-            callbacks = _state.callbacks
-            _state.callbacks = None
-            for fn in callbacks:
-                fn()
-        finally:
-            _state.callbacks = None
+            rep = [Replicate()] * tensor.mesh.ndim
+            grad = shard_tensor(np.asarray(grad, tensor.dtype), tensor.mesh, rep)
+        if grad.shape != spec.shape:
+            raise ValueError(
+                f"backward: grad has shape {grad.shape} but the tensor has shape {spec.shape}"
+            )
+    state = _state
+    enabled = state.enabled
+    state.enabled = False  # what ``with no_grad()`` does, without its object
+    state.callbacks = []
+    try:
+        _run(tensor, grad, retain_graph)
+        callbacks = state.callbacks
+        state.callbacks = None
+        for fn in callbacks:
+            fn()
+    finally:
+        state.callbacks = None
+        state.enabled = enabled
 
 
 def queue_callback(fn: Callable[[], None]) -> None:
@@ -334,8 +357,6 @@ def finish_grads(params: Sequence[Any], drop: bool = False) -> None:
 
 
 def _run(root, grad, retain_graph: bool) -> None:
-    from .dispatch import _memo  # the reshard memo of one gradient function (dispatch.py)
-
     if root._node is None:  # a leaf: its own gradient
         _finish_leaf(root, grad)
         return
@@ -346,43 +367,41 @@ def _run(root, grad, retain_graph: bool) -> None:
     stack, seen = [first], {first}
     while stack:  # every refusal comes before any gradient is computed or stored
         node = stack.pop()
-        if node.fn is _FREED:
-            raise RuntimeError(
-                f"backward through the graph a second time ({node!r} was freed); pass "
-                "retain_graph=True to the first backward"
-            )
-        if node.fn is None:
-            raise NotImplementedError(
-                f"{node.name} has no gradient in disttensor; compute it under dt.no_grad() "
-                "or on a detached input (x.detach()), or write it with differentiable dt ops"
-            )
+        fn = node.fn
+        if fn is _FREED or fn is None:
+            _refuse(node)
         for t in node.inputs:
             if t is None:
                 continue
             tn = t._node
-            key = id(t) if tn is None else tn[0]
+            if tn is None:
+                key = id(t)
+            else:
+                key = tn[0]
+                if key not in seen:
+                    seen.add(key)
+                    stack.append(key)
             pending[key] = pending.get(key, 0) + 1
-            if tn is not None and tn[0] not in seen:
-                seen.add(tn[0])
-                stack.append(tn[0])
     # node -> its outputs' gradients so far (a list, None where none arrived yet)
     grads: dict[Any, list] = {first: [None] * len(first.out_specs)}
     grads[first][root._node[1]] = grad
     leaf_grads: dict[int, Any] = {}
     ready = [(first.seq, first)]  # Note [Cheap nodes]: newest first
-    prev = _memo.table
+    memo = _memo
+    prev = memo.table
+    pop, push = heapq.heappop, heapq.heappush
     try:
         while ready:
-            node = heapq.heappop(ready)[1]
+            node = pop(ready)[1]
             outs = grads.pop(node, None)
             inputs = node.inputs
-            if outs is not None and node.hooks:
-                for i, g in enumerate(outs):
-                    if g is not None and i in node.hooks:
-                        outs[i] = _call_hooks(node.hooks[i], g)
             if outs is None:  # no gradient reached this node
                 in_grads: Sequence[Any] = (None,) * len(inputs)
             else:
+                if node.hooks:
+                    for i, g in enumerate(outs):
+                        if g is not None and i in node.hooks:
+                            outs[i] = _call_hooks(node.hooks[i], g)
                 if node.multi:
                     outs = tuple(
                         g if g is not None else _filled(spec, 0)
@@ -390,9 +409,9 @@ def _run(root, grad, retain_graph: bool) -> None:
                     )
                 else:
                     outs = outs[0]
-                _memo.table = {}  # reshards reused within this gradient function only
+                memo.table = {}  # reshards reused within this gradient function only
                 in_grads = node.fn(node, outs)
-                _memo.table = prev
+                memo.table = prev
             if not retain_graph:  # free what the node holds: saved tensors and its inputs
                 node.fn, node.inputs = _FREED, (None,) * len(inputs)
                 node.args = node.attrs = node.saved = None
@@ -423,9 +442,22 @@ def _run(root, grad, retain_graph: bool) -> None:
                     left = pending[parent] - 1
                     pending[parent] = left
                     if left == 0:
-                        heapq.heappush(ready, (parent.seq, parent))
+                        push(ready, (parent.seq, parent))
     finally:
-        _memo.table = prev
+        memo.table = prev
+
+
+def _refuse(node) -> None:
+    """Raise for a node backward cannot pass: freed by an earlier backward, or no gradient."""
+    if node.fn is _FREED:
+        raise RuntimeError(
+            f"backward through the graph a second time ({node!r} was freed); pass "
+            "retain_graph=True to the first backward"
+        )
+    raise NotImplementedError(
+        f"{node.name} has no gradient in disttensor; compute it under dt.no_grad() "
+        "or on a detached input (x.detach()), or write it with differentiable dt ops"
+    )
 
 
 def _FREED(node, grads):  # a marker: the node's backward ran and its graph was released
@@ -455,9 +487,8 @@ def _filled(spec, value):
 
 
 def _hooks(t, create: bool = False) -> list | None:
-    """A leaf's hook list (the slot is left unset until a hook is registered: one store less
-    per tensor an op makes)."""
-    hooks = getattr(t, "_hooks", None)
+    """A leaf's hook list (None until a hook is registered)."""
+    hooks = t._hooks
     if hooks is None and create:
         hooks = t._hooks = []
     return hooks
@@ -475,7 +506,7 @@ def _finish_leaf(t, g, handed: set | None = None) -> None:
     """The leaf's gradient of this backward is final: hooks, then accumulate into ``.grad``.
     A gradient object already stored elsewhere (``x + y`` gives both the same one; the
     caller's own ``grad``) is copied, so no two ``.grad`` share memory."""
-    hooks = _hooks(t)
+    hooks = t._hooks
     if hooks:
         g = _call_hooks([h for h in hooks if not getattr(h, "_post", False)], g)
     if t.grad is not None:

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import logging
-import threading
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from . import autograd, comm
 from . import reshard as _reshard
 from .autograd import GRADIENTS as _GRADIENTS
 from .autograd import NOT_DIFFERENTIABLE as _NOT_DIFFERENTIABLE
+from .autograd import _memo  # Note [One move per input]
 from .comm import _ctx as _comm_ctx
 from .placement import Replicate
 from .spec import DistSpec
@@ -82,18 +82,8 @@ class Op:
 # the rule wants it in the same layout both times (``d * d``, ``x @ x``, ``where(m, x, x)``),
 # the second operand takes the first one's resharded shard. Resharding is a pure function of
 # (tensor, target spec), and nothing can change the tensor between two operands of one call,
-# so the reuse is exact. Inside a gradient function the same table lives longer (_Memo).
-
-
-class _Memo(threading.local):
-    """Reshards to reuse while ``table`` is a dict (autograd._run sets a new one around each
-    gradient function: a gradient is often resharded the same way for several of its uses, e.g. both
-    gradients of a matmul, and nothing changes it in place meanwhile)."""
-
-    table: dict | None = None
-
-
-_memo = _Memo()
+# so the reuse is exact. Inside a gradient function the same table lives longer
+# (autograd._memo).
 
 
 # Note [Dispatch fast path]
@@ -107,8 +97,10 @@ _memo = _Memo()
 # A training step calls the same ops on the same spec objects (outputs take their specs from
 # the plan), so the identity key hits: no spec hashing, no normalization. When the entry's
 # plan moves nothing, has one output and ran on this thread's world before (``last``: the
-# coordinate, kernel context, output dtype, spec and local shape), the call is just: kernel,
-# a dtype and shape check of the result (a wrong rule still fails loudly), wrap, record.
+# coordinate, kernel context, output dtype, spec and local shape, and whether and with which
+# gradient function to record: gradients register at import, before any entry is made), the
+# call is just: kernel, a dtype and shape check of the result (a wrong rule still fails
+# loudly), wrap, record.
 # Everything else takes the general path, which is the same five steps with every check.
 
 
@@ -122,13 +114,15 @@ class _Entry:
         self.dense = len(pos) == nargs  # every argument a DistTensor
         _, out_placements, out_shapes, moves, _ = plan
         self.simple = moves is None and out_shapes is not None and len(out_placements) == 1
-        # (world, coord, kernel ctx, dtype, spec, local shape, float dtype, (spec,)): _finish
+        # (world, coord, kernel ctx, dtype, spec, local shape, recorded, (spec,), gradient
+        # function): _finish
         self.last: tuple | None = None
 
 
 _cache: dict[tuple, Any] = {}
 _CACHE_LIMIT = 65536
 _NO_ATTRS = ()
+_SCALARS = frozenset({int, float, bool, complex})  # Python scalars: the plan ignores the value
 
 
 def apply(op: Op, args: tuple, attrs: dict) -> Any:
@@ -153,6 +147,16 @@ def _call(op: Op, *args: Any, **attrs: Any) -> Any:
         kargs = [x._local]
         grad = x.requires_grad
         inputs = args
+    elif n == 2 and type(y := args[1]) in _SCALARS and isinstance(x := args[0], DistTensor):
+        key = (op, key, id(x._spec), None)  # the key _mixed_key makes, spelled out: x * 2
+        kargs = [x._local, y]
+        grad = x.requires_grad
+        inputs = None
+    elif n == 2 and type(x := args[0]) in _SCALARS and isinstance(y := args[1], DistTensor):
+        key = (op, key, None, id(y._spec))  # 1 - x
+        kargs = [x, y._local]
+        grad = y.requires_grad
+        inputs = None
     else:
         key, kargs, grad = _mixed_key(op, key, args)
         inputs = None
@@ -172,12 +176,9 @@ def _call(op: Op, *args: Any, **attrs: Any) -> Any:
             if result.dtype is last[3] and result.shape == last[5]:
                 out = DistTensor(result, last[4])
                 if grad and last[6] and autograd._state.enabled:
-                    name = op.name
-                    if name not in _NOT_DIFFERENTIABLE:
-                        if inputs is None:
-                            inputs = _inputs(args, entry.pos)
-                        fn = _GRADIENTS.get(name)
-                        autograd.record_one(name, fn, inputs, args, attrs, out, last[7])
+                    if inputs is None:
+                        inputs = _inputs(args, entry.pos)
+                    autograd.record_one(op.name, last[8], inputs, args, attrs, out, last[7])
                 return out
             # another dtype (int x + 1 vs x + 1.5) or a wrong rule: the general wrap
             tensors = [args[i] for i in entry.pos]
@@ -328,7 +329,8 @@ def _finish(op, args, attrs, entry, plan, mesh, coord, kargs, result, tensors, p
     if entry is not None and entry.simple and coord is not None and type(out) is DistTensor:
         # the fast path may take the next call (Note [Dispatch fast path])
         kctx = KernelContext(targets, out_placements, coord, out_shapes) if op.ctx else None
-        floating = out.dtype.kind in "fc"  # else a constant for autograd: nothing to record
+        # integer/bool results and the ops of NOT_DIFFERENTIABLE are constants for autograd
+        recorded = out.dtype.kind in "fc" and op.name not in _NOT_DIFFERENTIABLE
         entry.last = (
             _comm_ctx.world,
             coord,
@@ -336,8 +338,9 @@ def _finish(op, args, attrs, entry, plan, mesh, coord, kargs, result, tensors, p
             out.dtype,
             out._spec,
             out._local.shape,
-            floating,
+            recorded,
             (out._spec,),
+            _GRADIENTS.get(op.name),  # None: backward refuses (autograd._refuse)
         )
     for t in tensors:  # the flag first: the thread-local switch only when it matters
         if t.requires_grad:

@@ -144,6 +144,7 @@ class DistSpec:
         )
 
     def __reduce__(self):  # the cached hash must not travel: string hashes differ per process
+        # (nor the cached plain spec: it would be rebuilt from the fields anyway)
         return (DistSpec, (self.mesh, self.placements, self.shape, self.dtype))
 
     @property
@@ -167,12 +168,17 @@ class DistSpec:
         return any(p.is_partial() for p in self.placements)
 
     def without_partials(self) -> DistSpec:
-        """This spec with every Partial read as Replicate (what a reduction of them gives)."""
-        if not self.has_partial():
-            return self
-        return self.replace(
-            placements=[Replicate() if p.is_partial() else p for p in self.placements]
-        )
+        """This spec with every Partial read as Replicate (what a reduction of them gives);
+        cached, like the hash (autograd asks for it on every backward)."""
+        plain = self.__dict__.get("_plain")
+        if plain is None:
+            plain = self
+            if self.has_partial():
+                plain = self.replace(
+                    placements=[Replicate() if p.is_partial() else p for p in self.placements]
+                )
+            object.__setattr__(self, "_plain", plain)
+        return plain
 
     def local_box(self, coord: tuple[int, ...] | None) -> tuple[tuple[int, int], ...]:
         """(start, length) per tensor axis of the shard at mesh coordinate ``coord``."""

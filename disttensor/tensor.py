@@ -41,7 +41,7 @@ class DistTensor:
         self.requires_grad = requires_grad
         self.grad: DistTensor | None = None
         self._node = None  # (autograd Node, output index) when an op made this tensor
-        # _hooks (gradient hooks of a leaf) stays unset until autograd.register_hook
+        self._hooks = None  # a leaf's gradient hooks (autograd.register_hook)
 
     # -- autograd (autograd.py) ----------------------------------------------------------------
     def backward(self, grad: Any = None, retain_graph: bool = False) -> None:

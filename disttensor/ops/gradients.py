@@ -45,6 +45,8 @@ NOT_DIFFERENTIABLE.update(
 
 add, sub, mul, div = EW["add"], EW["subtract"], EW["multiply"], EW["divide"]
 where = EW["where"]
+_MATMUL = la.OPS["matmul"]  # the ops themselves: gradients pass normalized attributes
+_BROADCAST_TO = sh.OPS["broadcast_to"]
 
 
 def _shape(a: Any) -> tuple[int, ...]:
@@ -72,9 +74,10 @@ def _sum_to(g, shape: tuple[int, ...]):
 def _binary(ctx: GradContext, gx, gy):
     """Per-argument gradients of a broadcasting op, each summed to its argument's shape."""
     x, y = ctx.args[:2]
+    needs = ctx.needs
     return (
-        _sum_to(gx(), _shape(x)) if ctx.needs[0] else None,
-        _sum_to(gy(), _shape(y)) if ctx.needs[1] else None,
+        _sum_to(gx(), _shape(x)) if needs[0] else None,
+        _sum_to(gy(), _shape(y)) if needs[1] else None,
     )
 
 
@@ -284,26 +287,34 @@ def _astype(ctx, g):
 @gradient("matmul")
 def _matmul(ctx, g):
     x, y = ctx.args
-    tx = ctx.attrs.get("trans_x", False) and len(_shape(x)) >= 2
-    ty = ctx.attrs.get("trans_y", False) and len(_shape(y)) >= 2
     sx, sy = _shape(x), _shape(y)
+    attrs = ctx.attrs
+    tx = attrs.get("trans_x", False) and len(sx) >= 2
+    ty = attrs.get("trans_y", False) and len(sy) >= 2
     x2 = sh.expand_dims(x, 0) if len(sx) == 1 else x  # 1-D operands as matrices, as numpy does
     y2 = sh.expand_dims(y, -1) if len(sy) == 1 else y
     g2 = sh.expand_dims(g, -1) if len(sy) == 1 else g  # y first: 1-D @ 1-D has a 0-d g
     g2 = sh.expand_dims(g2, -2) if len(sx) == 1 else g2
+    needs = ctx.needs
     gx = gy = None
-    if ctx.needs[0]:
+    if needs[0]:
         if tx:  # out = x^T y^(T?): dx = (g y'^T)^T
-            gx = la.matmul(y2, g2, trans_x=ty, trans_y=True)
+            gx = _MATMUL(y2, g2, trans_x=ty, trans_y=True)
+        elif ty:  # out = x y^T: dx = g y
+            gx = _MATMUL(g2, y2)
         else:
-            gx = la.matmul(g2, y2, trans_y=not ty)
-        gx = _reshaped(_sum_to(gx, _shape(x2)), sx)
-    if ctx.needs[1]:
+            gx = _MATMUL(g2, y2, trans_x=False, trans_y=True)
+        if gx.shape != sx:  # batch axes broadcast, or a 1-D operand
+            gx = _reshaped(_sum_to(gx, _shape(x2)), sx)
+    if needs[1]:
         if ty:  # out = x'^(T?) y^T: dy = (x'^T g)^T
-            gy = la.matmul(g2, x2, trans_x=True, trans_y=tx)
+            gy = _MATMUL(g2, x2, trans_x=True, trans_y=tx)
+        elif tx:  # out = x^T y: dy = x g
+            gy = _MATMUL(x2, g2)
         else:
-            gy = la.matmul(x2, g2, trans_x=not tx)
-        gy = _reshaped(_sum_to(gy, _shape(y2)), sy)
+            gy = _MATMUL(x2, g2, trans_x=True, trans_y=False)
+        if gy.shape != sy:
+            gy = _reshaped(_sum_to(gy, _shape(y2)), sy)
     return gx, gy
 
 
@@ -377,11 +388,11 @@ def _reduced(ctx) -> tuple[int, ...]:
 
 def _spread(ctx, g):
     """``g`` (of the reduction's output) broadcast back to the input's shape."""
-    x = ctx.args[0]
-    if g.ndim and not ctx.attrs.get("keepdims", False):  # a 0-d g broadcasts as it is
+    shape = ctx.args[0].shape
+    if g._spec.shape and not ctx.attrs.get("keepdims", False):  # a 0-d g broadcasts as it is
         axes = _reduced(ctx)
-        g = _reshaped(g, tuple(1 if a in axes else n for a, n in enumerate(x.shape)))
-    return sh.broadcast_to(g, x.shape)
+        g = _reshaped(g, tuple(1 if a in axes else n for a, n in enumerate(shape)))
+    return _BROADCAST_TO(g, shape=shape)  # a DistTensor's shape: a tuple of ints already
 
 
 @gradient("sum")
@@ -391,7 +402,8 @@ def _sum(ctx, g):
 
 @gradient("mean")
 def _mean(ctx, g):
-    count = math.prod(ctx.args[0].shape[a] for a in _reduced(ctx))
+    shape = ctx.args[0].shape
+    count = math.prod([shape[a] for a in _reduced(ctx)])
     return (_spread(ctx, mul(g, 1.0 / count) if count else g),)
 
 
