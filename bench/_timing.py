@@ -38,6 +38,11 @@ class Stats:
         return spread(self.times)
 
 
+def mpi_library() -> str:
+    """The first line of the MPI library's version (Open MPI's ends in a NUL byte)."""
+    return MPI.Get_library_version().rstrip("\x00").splitlines()[0].strip()
+
+
 def spread(times: np.ndarray) -> float:
     """Inter-quartile range of ``times`` relative to their median."""
     q1, q3 = np.percentile(times, [25, 75])

@@ -69,7 +69,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from _timing import format_table, load_line, spread, timed_block
+from _timing import format_table, load_line, mpi_library, spread, timed_block
 from mpi4py import MPI
 
 import disttensor as dt
@@ -377,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"disttensor dispatch overhead: {n} rank{'s' if n > 1 else ''}, mesh ({n},), "
             f"{os.cpu_count()} cores, float32 {SHAPE}; Python {sys.version.split()[0]}, "
-            f"numpy {np.__version__}, {MPI.Get_library_version().splitlines()[0].strip()}"
+            f"numpy {np.__version__}, {mpi_library()}"
         )
         print(
             f"cached: median of {args.rounds} loops of {args.number} calls (per-call time, max "

@@ -114,6 +114,7 @@ from _timing import (  # noqa: E402
     format_table,
     interleaved,
     load_line,
+    mpi_library,
     timed_block,
 )
 
@@ -598,7 +599,7 @@ def main() -> int:
     say(
         f"bench/dp.py: {n} ranks on {cores} cores"
         + (f" (OVERSUBSCRIBED: {n} ranks share {cores} cores)" if n > cores else "")
-        + f", 1 thread per rank; {MPI.Get_library_version().splitlines()[0].strip()}, "
+        + f", 1 thread per rank; {mpi_library()}, "
         f"mpi4py {sys.modules['mpi4py'].__version__}, numpy {np.__version__}, "
         + (f"torch {torch.__version__}" if torch is not None else "torch not installed")
     )

@@ -45,6 +45,7 @@ from _timing import (
     format_table,
     interleaved,
     load_line,
+    mpi_library,
 )
 from mpi4py import MPI
 
@@ -268,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     if rank == 0:
         print(
             f"disttensor reshard vs raw mpi4py: {n} ranks, mesh ({n},), {os.cpu_count()} cores, "
-            f"float32 (rows, {COLS}); {MPI.Get_library_version().splitlines()[0].strip()}, "
+            f"float32 (rows, {COLS}); {mpi_library()}, "
             f"mpi4py {sys.modules['mpi4py'].__version__}, numpy {np.__version__}"
         )
         print(

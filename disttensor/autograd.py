@@ -415,7 +415,9 @@ def _run(root, grad, retain_graph: bool) -> None:
             if not retain_graph:  # free what the node holds: saved tensors and its inputs
                 node.fn, node.inputs = _FREED, (None,) * len(inputs)
                 node.args = node.attrs = node.saved = None
-            for t, g in zip(inputs, in_grads):
+            # last argument first: the reverse of the use, also inside one op (a linear's
+            # bias gradient is final before its weight's: Note [Gradient buckets])
+            for t, g in zip(reversed(inputs), reversed(in_grads)):
                 if t is None:
                     continue
                 if g is not None:

@@ -147,6 +147,17 @@ def _call(op: Op, *args: Any, **attrs: Any) -> Any:
         kargs = [x._local]
         grad = x.requires_grad
         inputs = args
+    elif (
+        n == 3
+        and isinstance(x := args[0], DistTensor)
+        and isinstance(y := args[1], DistTensor)
+        and isinstance(z := args[2], DistTensor)
+    ):  # linear, where, layer_norm: the key _mixed_key makes, spelled out
+        key = (op, key, id(x._spec), id(y._spec), id(z._spec))
+        kargs = [x._local, y._local, z._local]
+        gx, gy, gz = x.requires_grad, y.requires_grad, z.requires_grad
+        grad = gx or gy or gz
+        inputs = (x if gx else None, y if gy else None, z if gz else None)
     elif n == 2 and type(y := args[1]) in _SCALARS and isinstance(x := args[0], DistTensor):
         key = (op, key, id(x._spec), None)  # the key _mixed_key makes, spelled out: x * 2
         kargs = [x._local, y]

@@ -487,6 +487,31 @@ def linalg_cases() -> list[GradCase]:
                 grid="light",
             )
         )
+
+    def linear_grads(cots, x, w, bias):  # hand-written: x @ w + bias, x 2-D
+        g = cots[0]
+        return [g @ w.T, x.T @ g, g.sum(axis=0)]
+
+    cases.append(
+        GradCase(
+            "linear (5,3)@(3,4)+(4,)",
+            dt.linear,
+            lambda x, w, bias: x @ w + bias,
+            (a, b, n(4)),
+            ("linear",),
+            linear_grads,
+        )
+    )
+    for sa in [(3,), (2, 5, 3), (0, 3)]:  # a 1-D input, batch axes, no rows
+        cases.append(
+            GradCase(
+                f"linear {sa}@(3,4)+(4,)",
+                dt.linear,
+                lambda x, w, bias: x @ w + bias,
+                (n(*sa), b, n(4)),
+                ("linear",),
+            )
+        )
     for sa, sb in [
         ((5, 3), (3,)),
         ((3,), (3,)),
@@ -519,6 +544,7 @@ def linalg_cases() -> list[GradCase]:
         cases.append(GradCase(f"outer {sa} {sb}", dt.outer, np.outer, (n(*sa), n(*sb)), ("outer",)))
     keep = {"matmul (5,3)@(3,4)", "matmul trans_x=True trans_y=True", "matmul (3,)@(3, 4)"}
     keep |= {"matmul (2, 5, 3)@(3, 4)", "dot (5, 3).(3,)", "einsum ij,jk->k", "einsum ij,k->i"}
+    keep |= {"linear (5,3)@(3,4)+(4,)", "linear (2, 5, 3)@(3,4)+(4,)"}
     return _lighten_all_but(cases, keep | {"outer (5,) (3,)"})
 
 

@@ -29,6 +29,11 @@ def run(n: int, args: list[str], timeout: float, env: dict | None = None):
         OPENBLAS_NUM_THREADS="1",
         MKL_NUM_THREADS="1",
         PYTHONUNBUFFERED="1",
+        # Open MPI refuses root and more ranks than cores unless told; MPICH ignores these
+        OMPI_ALLOW_RUN_AS_ROOT="1",
+        OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+        PRTE_MCA_rmaps_default_mapping_policy=":oversubscribe",  # Open MPI 5
+        OMPI_MCA_rmaps_base_oversubscribe="1",  # Open MPI 4
         **(env or {}),
     )
     cmd = [mpiexec(), "-n", str(n), sys.executable, *args]

@@ -28,7 +28,7 @@ dt.barrier()
 
 CRASH_BEFORE_MPI = """
 import disttensor as dt, os
-if os.environ.get("PMI_RANK") == "1":
+if (os.environ.get("PMI_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK")) == "1":  # MPICH, Open MPI
     raise ValueError("boom before any MPI call")
 dt.barrier()
 """

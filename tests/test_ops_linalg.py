@@ -23,6 +23,8 @@ from op_cases import (
     make_input,
     mesh_of,
     pairs,
+    place,
+    placements,
 )
 
 import disttensor as dt
@@ -78,6 +80,86 @@ ALL_CASES = tuple(matmul_cases(2))
 )
 def test_matmul(dtype, labels, mesh_shape):
     assert_grid(simulate_on(mesh_shape, _matmul, dtype, labels))
+
+
+def _linear(mesh, dtype):
+    """dt.linear against x @ w + b: every (x, w) pair of the matmul grid with each bias
+    placement (every combination for the 2-D case on 1-D meshes), uneven, empty and batched
+    inputs."""
+    grid, rng = Grid(), np.random.default_rng(14)
+    s = mesh.size
+    n, c, m = 2 * s + 1, s + 2, s + 1
+
+    def ref(x, w, b):
+        return x @ w + b
+
+    for sx in [(n, c), (max(s - 1, 1), c), (0, c), (c,), (2, n, c)]:
+        x, w, b = data(sx, dtype, rng), data((c, m), dtype, rng), data((m,), dtype, rng)
+        bias_pls = placements(mesh, 1, dtype)
+        full = sx == (n, c) and mesh.ndim == 1
+        for i, (px, pw) in enumerate(pairs(mesh, x, w, full=len(sx) < 3)):
+            for pb in bias_pls if full else [bias_pls[i % len(bias_pls)]]:
+                what = f"linear {sx} {dtype} {px} {pw} {pb}"
+                grid.check(mesh, dt.linear, (x, w, b), [px, pw, pb], ref, what)
+    return grid.result()
+
+
+@pytest.mark.parametrize("mesh_shape", MESH_SHAPES, ids=MESH_IDS)
+@pytest.mark.parametrize("dtype", [F64, F32], ids=["float64", "float32"])
+def test_linear(dtype, mesh_shape):
+    assert_grid(simulate_on(mesh_shape, _linear, dtype))
+
+
+LINEAR_LAYOUTS = {  # (x, weight, bias) -> (output, collectives): Note [Bias of a linear]
+    "data parallel": ((S0, R, R), S0, {}),
+    "column parallel": ((R, S1, S0), S1, {}),
+    "row parallel": ((S1, S0, R), PSUM, {}),
+    "Partial x": ((PSUM, R, R), PSUM, {}),
+    "Partial bias": ((R, R, PSUM), PSUM, {}),
+    "Partial x and bias": ((PSUM, R, PSUM), PSUM, {}),
+    "column weight, whole bias": ((R, S1, R), S1, {}),
+    "split bias only": ((R, R, S0), S1, {}),
+}
+
+
+@pytest.mark.parametrize("layout", LINEAR_LAYOUTS, ids=str)
+def test_linear_layouts_communicate_as_matmul_and_add_would(layout):
+    """The layouts of data and tensor parallel layers: the output placement and the
+    collectives (none), the same as ``x @ w + b`` gives."""
+    pls, out, counts = LINEAR_LAYOUTS[layout]
+    rng = np.random.default_rng(3)
+    args = data((5, 3), F64, rng), data((3, 4), F64, rng), data((4,), F64, rng)
+
+    def body(mesh):
+        xs, ws, bs = place(mesh, args, [[p] for p in pls])
+        with dt.CommCounter() as fused:
+            y = dt.linear(xs, ws, bs)
+        with dt.CommCounter() as apart:
+            z = xs @ ws + bs
+        return y.placements, fused.counts, z.placements, apart.counts, y.numpy()
+
+    got = every_rank(simulate_on((2,), body))
+    assert got[:4] == ([out], counts, [out], counts)
+    np.testing.assert_allclose(got[4], args[0] @ args[1] + args[2], rtol=1e-12)
+
+
+def test_linear_other_shapes_compute_the_expression():
+    """A bias that is not (out,) or a weight that is not 2-D: x @ w + bias, broadcast as in
+    numpy (no fused op)."""
+
+    def body(mesh):
+        x = make_input(np.arange(6.0).reshape(2, 3), mesh, [S0])
+        got = [
+            dt.linear(x, np.ones((3, 2)), np.ones((2, 2))).numpy(),
+            dt.linear(x, np.ones(3), 5.0).numpy(),
+            dt.linear(x, np.ones((3, 2)), None).numpy(),
+        ]
+        return got
+
+    a = np.arange(6.0).reshape(2, 3)
+    want = [a @ np.ones((3, 2)) + np.ones((2, 2)), a @ np.ones(3) + 5.0, a @ np.ones((3, 2))]
+    for got, ref in zip(every_rank(simulate_on((2,), body)), want):
+        np.testing.assert_array_equal(got, ref)
 
 
 def _operators(mesh):

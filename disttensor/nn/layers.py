@@ -58,8 +58,7 @@ class Linear(Module):
         self.bias = _uniform((out_features,), bound, dtype, mesh, _seed(seed, 1)) if bias else None
 
     def forward(self, x: Any) -> DistTensor:
-        y = ops.matmul(x, self.weight)
-        return y if self.bias is None else y + self.bias
+        return ops.linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
         return f"{self.in_features}, {self.out_features}, bias={self.bias is not None}"

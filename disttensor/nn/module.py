@@ -63,28 +63,17 @@ class Module:
         modules.pop(name, None)
         if isinstance(value, Parameter):
             params[name] = value
-            self.__dict__.pop(name, None)
         elif isinstance(value, Module):
             modules[name] = value
-            self.__dict__.pop(name, None)
-        else:
-            object.__setattr__(self, name, value)
-
-    def __getattr__(self, name: str) -> Any:  # only called when normal lookup fails
-        d = self.__dict__
-        if name in d.get("_parameters", {}):
-            return d["_parameters"][name]
-        if name in d.get("_modules", {}):
-            return d["_modules"][name]
-        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+        # registered or not, the value is also a plain attribute: ``self.weight`` in a forward
+        # is an ordinary lookup (a __getattr__ fallback costs about a microsecond a read);
+        # the registries say which attributes are parameters and sub-modules
+        object.__setattr__(self, name, value)
 
     def __delattr__(self, name: str) -> None:
-        if name in self._parameters:
-            del self._parameters[name]
-        elif name in self._modules:
-            del self._modules[name]
-        else:
-            object.__delattr__(self, name)
+        self._parameters.pop(name, None)
+        self._modules.pop(name, None)
+        object.__delattr__(self, name)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError(f"{type(self).__name__} must define forward()")

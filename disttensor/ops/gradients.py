@@ -60,14 +60,16 @@ def _reshaped(g, shape: tuple[int, ...]):
 
 def _sum_to(g, shape: tuple[int, ...]):
     """``g`` summed over the axes broadcasting added or stretched, to ``shape``."""
-    if g.shape == shape:
+    gshape = g.shape
+    if gshape == shape:
         return g
-    lead = g.ndim - len(shape)
-    axes = tuple(range(lead)) + tuple(
-        lead + i for i, n in enumerate(shape) if n == 1 and g.shape[lead + i] != 1
-    )
+    lead = len(gshape) - len(shape)
+    axes = [*range(lead)]  # the leading axes broadcasting added, then stretched size-1 axes
+    for i, n in enumerate(shape):
+        if n == 1 and gshape[lead + i] != 1:
+            axes.append(lead + i)
     if axes:
-        g = red.sum(g, axes)
+        g = red.OPS["sum"](g, axis=tuple(axes))
     return _reshaped(g, shape)
 
 
@@ -286,18 +288,25 @@ def _astype(ctx, g):
 # -- linalg ----------------------------------------------------------------------------------
 @gradient("matmul")
 def _matmul(ctx, g):
-    x, y = ctx.args
-    sx, sy = _shape(x), _shape(y)
     attrs = ctx.attrs
-    tx = attrs.get("trans_x", False) and len(sx) >= 2
-    ty = attrs.get("trans_y", False) and len(sy) >= 2
+    needs = ctx.needs
+    x, y = ctx.args
+    return _matmul_grads(
+        x, y, g, needs[0], needs[1], attrs.get("trans_x", False), attrs.get("trans_y", False)
+    )
+
+
+def _matmul_grads(x, y, g, need_x: bool, need_y: bool, trans_x: bool, trans_y: bool):
+    """Gradients of ``matmul(x, y, trans_x, trans_y)`` (None where not needed)."""
+    sx, sy = _shape(x), _shape(y)
+    tx = trans_x and len(sx) >= 2
+    ty = trans_y and len(sy) >= 2
     x2 = sh.expand_dims(x, 0) if len(sx) == 1 else x  # 1-D operands as matrices, as numpy does
     y2 = sh.expand_dims(y, -1) if len(sy) == 1 else y
     g2 = sh.expand_dims(g, -1) if len(sy) == 1 else g  # y first: 1-D @ 1-D has a 0-d g
     g2 = sh.expand_dims(g2, -2) if len(sx) == 1 else g2
-    needs = ctx.needs
     gx = gy = None
-    if needs[0]:
+    if need_x:
         if tx:  # out = x^T y^(T?): dx = (g y'^T)^T
             gx = _MATMUL(y2, g2, trans_x=ty, trans_y=True)
         elif ty:  # out = x y^T: dx = g y
@@ -306,7 +315,7 @@ def _matmul(ctx, g):
             gx = _MATMUL(g2, y2, trans_x=False, trans_y=True)
         if gx.shape != sx:  # batch axes broadcast, or a 1-D operand
             gx = _reshaped(_sum_to(gx, _shape(x2)), sx)
-    if needs[1]:
+    if need_y:
         if ty:  # out = x'^(T?) y^T: dy = (x'^T g)^T
             gy = _MATMUL(g2, x2, trans_x=True, trans_y=tx)
         elif tx:  # out = x^T y: dy = x g
@@ -316,6 +325,15 @@ def _matmul(ctx, g):
         if gy.shape != sy:
             gy = _reshaped(_sum_to(gy, _shape(y2)), sy)
     return gx, gy
+
+
+@gradient("linear")
+def _linear(ctx, g):
+    """x @ w + b: matmul's gradients, and g summed over every axis but the last for b."""
+    x, w, b = ctx.args
+    needs = ctx.needs
+    gx, gw = _matmul_grads(x, w, g, needs[0], needs[1], False, False)
+    return gx, gw, _sum_to(g, _shape(b)) if needs[2] else None
 
 
 def _einsum_grads(equation: str, args: tuple, needs, g):

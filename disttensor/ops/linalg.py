@@ -1,4 +1,4 @@
-"""matmul, dot, einsum, outer: rules are einsum equations (spmd/rules.py).
+"""matmul, dot, einsum, outer, linear: rules are einsum equations (spmd/rules.py).
 
 >>> import numpy as np, disttensor as dt
 >>> mesh = dt.ProcessMesh([0])
@@ -12,6 +12,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..dispatch import Op
+from ..tensor import DistTensor
+
+
+def _shape(a) -> tuple[int, ...]:
+    return a.shape if isinstance(a, DistTensor) else np.shape(a)
 
 
 def _matmul(x, y, trans_x=False, trans_y=False):
@@ -22,11 +27,20 @@ def _matmul(x, y, trans_x=False, trans_y=False):
     return np.matmul(x, y)
 
 
+def _linear(x, w, b):
+    out = np.matmul(x, w)
+    if b.dtype == out.dtype:  # added in place into matmul's fresh result: one pass, no copy
+        out += b
+        return out
+    return out + b  # numpy's promotion, as x @ w + b
+
+
 _MATMUL = Op("matmul", _matmul, rule="matmul")
+_LINEAR = Op("linear", _linear, rule="linear")
 _DOT = Op("dot", np.dot, rule="dot")
 _EINSUM = Op("einsum", lambda *ops, equation: np.einsum(equation, *ops), rule="einsum")
 _OUTER = Op("outer", np.outer, rule="outer")
-OPS = {op.name: op for op in (_MATMUL, _DOT, _EINSUM, _OUTER)}
+OPS = {op.name: op for op in (_MATMUL, _DOT, _EINSUM, _OUTER, _LINEAR)}
 
 
 def matmul(x, y, trans_x: bool = False, trans_y: bool = False):
@@ -34,6 +48,27 @@ def matmul(x, y, trans_x: bool = False, trans_y: bool = False):
     if trans_x or trans_y:
         return _MATMUL(x, y, trans_x=bool(trans_x), trans_y=bool(trans_y))
     return _MATMUL(x, y)
+
+
+def linear(x, weight, bias=None):
+    """``x @ weight + bias`` as one op (weight (in, out), as ``dt.nn.Linear`` holds it; bias
+    (out,)): one kernel and one autograd node instead of two. Other shapes compute the same
+    expression with numpy's broadcasting.
+
+    >>> import numpy as np, disttensor as dt
+    >>> mesh = dt.ProcessMesh([0])
+    >>> w = dt.shard_tensor(np.eye(2), mesh, [dt.Shard(1)])
+    >>> dt.linear(np.ones((3, 2)), w, np.array([10.0, 20.0])).numpy()
+    array([[11., 21.],
+           [11., 21.],
+           [11., 21.]])
+    """
+    if bias is None:
+        return _MATMUL(x, weight)
+    sw = _shape(weight)
+    if len(sw) != 2 or _shape(bias) != sw[1:] or not _shape(x):
+        return _MATMUL(x, weight) + bias
+    return _LINEAR(x, weight, bias)
 
 
 def dot(x, y):
@@ -53,4 +88,4 @@ def outer(x, y):
     return _OUTER(x, y)
 
 
-__all__ = ["dot", "einsum", "matmul", "outer"]
+__all__ = ["dot", "einsum", "linear", "matmul", "outer"]

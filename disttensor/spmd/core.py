@@ -182,13 +182,17 @@ def solve(
     unshardable: frozenset[str] = frozenset(),
     partial_patterns: Sequence[tuple[tuple[Placement, ...], Placement]] = (),
     linear_in: Sequence[int] | None = None,
+    added: Sequence[int] = (),
 ) -> tuple[tuple[tuple[Placement, ...], ...], tuple[Placement, ...]]:
     """Placements per input and of the (single) output for an einsum-like op.
 
     ``subs[i]`` are input i's letters, ``out`` the output's; ``reduce`` is the Partial type of
     a sharded letter that the output drops (None: such letters cannot be sharded).
     ``linearity`` is "linear", "multilinear" (then ``linear_in``: the inputs it is linear in,
-    default all) or "none": Note [Partial through ops].
+    default all) or "none": Note [Partial through ops]. ``added``: inputs that are added to
+    the multilinear product rather than multiplied into it (a bias; their letters are all
+    output letters): wherever the output is Partial(t), t in sum/avg, they are Partial(t)
+    too (Note [Bias of a linear] in rules.py).
     """
     letters = [c for c in dict.fromkeys("".join(out) + "".join(subs)) if c not in unshardable]
     per_in: list[list[Placement]] = [[] for _ in specs]
@@ -207,6 +211,8 @@ def solve(
             req = tuple(Shard(s.index(c)) if c in s else _R for s in subs)
             if all(r is _R for r in req):
                 continue
+            if c not in out and added:  # a Partial output: the added inputs are added once
+                req = tuple(Partial(reduce) if i in added else r for i, r in enumerate(req))
             cands.append((req, Shard(out.index(c)) if c in out else Partial(reduce)))
         kinds = {p.reduce_type for p in cur if isinstance(p, Partial)}
         for t in sorted(kinds & {"sum", "avg"}):
@@ -215,12 +221,21 @@ def solve(
                 if all(a == r or a.is_replicate() for a, r in zip(cur, req)):
                     cands.append((req, Partial(t)))
             elif linearity == "multilinear":
+                pt = Partial(t)
                 for i in linear_in if linear_in is not None else range(len(specs)):
-                    req = tuple(Partial(t) if j == i else _R for j in range(len(specs)))
-                    if cur[i] == req[i] and all(
-                        a.is_replicate() for j, a in enumerate(cur) if j != i
+                    req = tuple(pt if j == i or j in added else _R for j in range(len(specs)))
+                    if cur[i] == pt and all(
+                        a.is_replicate() or (j in added and a == pt)
+                        for j, a in enumerate(cur)
+                        if j != i
                     ):
-                        cands.append((req, Partial(t)))
+                        cands.append((req, pt))
+                if added and any(cur[j] == pt for j in added):  # only an added input Partial:
+                    # the product is made Partial locally (R -> P) through its first factor
+                    first = next(iter(linear_in if linear_in is not None else range(len(specs))))
+                    req = tuple(pt if j in added or j == first else _R for j in range(len(specs)))
+                    if all(a.is_replicate() or a == pt for a in cur):
+                        cands.append((req, pt))
         cands.extend(partial_patterns)
         sizes = [_local_bytes(s, mesh_shape, m) for s in specs]
         inner = [_inner_cost(s, mesh_shape, m) for s in specs]

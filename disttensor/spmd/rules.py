@@ -167,24 +167,55 @@ def _matmul_subscripts(nx: int, ny: int, trans_x: bool, trans_y: bool) -> tuple[
     return [x, y], out
 
 
-@register("matmul")
-def matmul_rule(specs, mesh_shape, trans_x=False, trans_y=False, **_):
-    if len(specs) != 2 or 0 in (specs[0].ndim, specs[1].ndim):
+def _matmul_letters(sx, sy, trans_x: bool, trans_y: bool) -> tuple[list[str], str, set[str]]:
+    """Letters of numpy.matmul's operands and output, batch axes included (broadcast ones
+    get letters of their own that are never split)."""
+    if 0 in (sx.ndim, sy.ndim):
         raise ValueError("matmul: both operands need at least one axis (for scalars use multiply)")
-    sx, sy = specs
     core_x, core_y = min(sx.ndim, 2), min(sy.ndim, 2)
     (x, y), out = _matmul_subscripts(sx.ndim, sy.ndim, trans_x, trans_y)
     bx, by = sx.shape[: sx.ndim - core_x], sy.shape[: sy.ndim - core_y]
     bsubs, bout, broadcast = broadcast_subscripts([bx, by])
     bsubs = [b.replace("m", "M").replace("n", "N").replace("k", "K") for b in bsubs]
     bout = bout.replace("m", "M").replace("n", "N").replace("k", "K")
+    return [bsubs[0] + x, bsubs[1] + y], bout + out, broadcast
+
+
+@register("matmul")
+def matmul_rule(specs, mesh_shape, trans_x=False, trans_y=False, **_):
+    if len(specs) != 2:
+        raise ValueError("matmul: takes two operands")
+    subs, out, broadcast = _matmul_letters(specs[0], specs[1], trans_x, trans_y)
     return einsum_result(
-        [bsubs[0] + x, bsubs[1] + y],
-        bout + out,
+        subs, out, specs, mesh_shape, unshardable=frozenset(broadcast), linearity="multilinear"
+    )
+
+
+# Note [Bias of a linear]
+# ``linear(x, weight, bias)`` is ``x @ weight + bias`` in one op. x and the weight follow the
+# matmul rule; the bias is one more operand whose only letter is the output's last one, so it
+# is split wherever the output's last axis is. But it is added, not multiplied (``added`` in
+# core.solve): where the output is Partial(t) (a split contraction, or a Partial x or weight),
+# the bias is Partial(t) too, so that reducing the output adds it once (from Replicate that
+# is a local step: the whole bias on one rank and zeros on the others for sum, the bias
+# itself for avg); and a Partial bias with Replicate x and weight makes the output Partial.
+@register("linear")
+def linear_rule(specs, mesh_shape, **_):
+    if len(specs) != 3 or specs[1].ndim != 2 or specs[2].shape != specs[1].shape[1:]:
+        raise ValueError(
+            "linear: takes x, a 2-D weight (in, out) and a bias of shape (out,), got shapes "
+            f"{[s.shape for s in specs]}"
+        )
+    subs, out, broadcast = _matmul_letters(specs[0], specs[1], False, False)
+    return einsum_result(
+        subs + [out[-1]],
+        out,
         specs,
         mesh_shape,
         unshardable=frozenset(broadcast),
         linearity="multilinear",
+        linear_in=(0, 1),
+        added=(2,),
     )
 
 

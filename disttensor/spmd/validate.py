@@ -268,8 +268,7 @@ def op_table() -> dict[str, Any]:
     from ..ops import elementwise, linalg, reduction
 
     table: dict[str, Any] = {**elementwise.OPS, **reduction.OPS}
-    for op in (linalg._MATMUL, linalg._DOT, linalg._EINSUM, linalg._OUTER):
-        table[op.name] = op
+    table.update(linalg.OPS)
     table.update({name: getattr(reduction, name) for name in COMPOSITES})
     return table
 
@@ -295,6 +294,7 @@ REFS: dict[str, Callable[..., Any]] = {  # references where np.<name> is not one
     "astype": lambda x, dtype: x.astype(dtype),
     "einsum": lambda *ops, equation: np.einsum(equation, *ops),
     "matmul": lambda x, y, trans_x=False, trans_y=False: _swap(x, trans_x) @ _swap(y, trans_y),
+    "linear": lambda x, w, b: x @ w + b,
     "logsumexp": _lse,
     "softmax": lambda x, axis=-1: np.exp(x - _lse(x, axis, True)),
     "log_softmax": lambda x, axis=-1: x - _lse(x, axis, True),
@@ -387,6 +387,13 @@ def _linalg(name: str, k: int) -> list[Example]:
             mm((b, n, c), (c, m)),
             mm((b, 1, n, c), (2, c, m)),
         ]
+    if name == "linear":
+        return [
+            mm((n, c), (c, m), (m,)),
+            mm((n, c), (c, m), (m,), dtype=F32),
+            mm((c,), (c, m), (m,)),
+            mm((b, n, c), (c, m), (m,)),
+        ]
     if name == "dot":
         return [mm((n, c), (c, m)), mm((c,), (c,)), mm((2, n, c), (b, c, m)), mm((), (n, m))]
     if name == "outer":
@@ -435,7 +442,7 @@ def _families() -> dict[str, Callable[[str, int], list[Example]]]:
 
     return {
         **dict.fromkeys(elementwise.OPS, _elementwise),
-        **dict.fromkeys(("matmul", "dot", "einsum", "outer"), _linalg),
+        **dict.fromkeys(("matmul", "dot", "einsum", "outer", "linear"), _linalg),
         **dict.fromkeys((*reduction.OPS, *COMPOSITES), _reduction),
     }
 
