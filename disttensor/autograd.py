@@ -427,13 +427,16 @@ def _run(root, grad, retain_graph: bool) -> None:
                 tn = t._node
                 if tn is None:
                     key = id(t)
-                    if g is not None:
-                        acc = leaf_grads.get(key)
-                        leaf_grads[key] = g if acc is None else acc + g
                     left = pending[key] - 1
                     pending[key] = left
-                    if left == 0 and leaf_grads.get(key) is not None:
-                        _finish_leaf(t, leaf_grads.pop(key), handed)
+                    if key in leaf_grads:  # an earlier consumer's gradient
+                        acc = leaf_grads.pop(key)
+                        g = acc if g is None else acc + g
+                    if left:
+                        if g is not None:
+                            leaf_grads[key] = g
+                    elif g is not None:
+                        _finish_leaf(t, g, handed)
                 else:
                     parent, i = tn
                     if g is not None:
@@ -488,11 +491,22 @@ def _filled(spec, value):
     return _tensor_type()(np.full(plain.local_shape(coord), value, plain.dtype), plain)
 
 
-def _hooks(t, create: bool = False) -> list | None:
-    """A leaf's hook list (None until a hook is registered)."""
+class _LeafHooks:
+    """A leaf's hooks: ``pre`` see (and may replace) the gradient before it is added to
+    ``.grad``; ``post`` run after, with the leaf."""
+
+    __slots__ = ("post", "pre")
+
+    def __init__(self) -> None:
+        self.pre: list = []
+        self.post: list = []
+
+
+def _hooks(t) -> _LeafHooks:
+    """The leaf's hooks, made at the first registration (the slot is None until then)."""
     hooks = t._hooks
-    if hooks is None and create:
-        hooks = t._hooks = []
+    if hooks is None:
+        hooks = t._hooks = _LeafHooks()
     return hooks
 
 
@@ -509,8 +523,8 @@ def _finish_leaf(t, g, handed: set | None = None) -> None:
     A gradient object already stored elsewhere (``x + y`` gives both the same one; the
     caller's own ``grad``) is copied, so no two ``.grad`` share memory."""
     hooks = t._hooks
-    if hooks:
-        g = _call_hooks([h for h in hooks if not getattr(h, "_post", False)], g)
+    if hooks is not None and hooks.pre:
+        g = _call_hooks(list(hooks.pre), g)
     if t.grad is not None:
         t.grad = t.grad + g
     else:
@@ -519,10 +533,9 @@ def _finish_leaf(t, g, handed: set | None = None) -> None:
         t.grad = g
     if handed is not None:
         handed.add(id(t.grad))
-    if hooks:
-        for h in hooks:
-            if getattr(h, "_post", False):
-                h(t)
+    if hooks is not None:
+        for h in list(hooks.post):  # a copy: a hook may remove itself
+            h(t)
 
 
 def register_hook(t, fn: Callable) -> Callable[[], None]:
@@ -536,7 +549,7 @@ def register_hook(t, fn: Callable) -> Callable[[], None]:
             node.hooks = {}
         lst = node.hooks.setdefault(i, [])
     else:
-        lst = _hooks(t, create=True)
+        lst = _hooks(t).pre
     lst.append(fn)
     return lambda: lst.remove(fn) if fn in lst else None
 
@@ -548,10 +561,6 @@ def register_post_accumulate_grad_hook(t, fn: Callable) -> Callable[[], None]:
     if t._node is not None:
         raise RuntimeError("register_post_accumulate_grad_hook: only leaf tensors have a .grad")
 
-    def post(tensor):
-        fn(tensor)
-
-    post._post = True  # type: ignore[attr-defined]
-    lst = _hooks(t, create=True)
-    lst.append(post)
-    return lambda: lst.remove(post) if post in lst else None
+    lst = _hooks(t).post
+    lst.append(fn)
+    return lambda: lst.remove(fn) if fn in lst else None

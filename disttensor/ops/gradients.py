@@ -332,7 +332,11 @@ def _linear(ctx, g):
     """x @ w + b: matmul's gradients, and g summed over every axis but the last for b."""
     x, w, b = ctx.args
     needs = ctx.needs
-    gx, gw = _matmul_grads(x, w, g, needs[0], needs[1], False, False)
+    if len(_shape(x)) == 2:  # the common case, spelled out: g w^T and x^T g
+        gx = _MATMUL(g, w, trans_x=False, trans_y=True) if needs[0] else None
+        gw = _MATMUL(x, g, trans_x=True, trans_y=False) if needs[1] else None
+    else:  # a 1-D input, or batch axes to sum over
+        gx, gw = _matmul_grads(x, w, g, needs[0], needs[1], False, False)
     return gx, gw, _sum_to(g, _shape(b)) if needs[2] else None
 
 
