@@ -77,17 +77,83 @@ GRADIENTS: dict[str, Callable[..., Sequence[Any]]] = {}
 NOT_DIFFERENTIABLE: set[str] = set()
 
 
-def gradient(*names: str):
-    """Decorator: register the gradient function of the ops ``names``."""
+# ops whose gradient reads only the shapes and specs of its arguments, not their values or the
+# output's: a write into those tensors after the op does not change the gradient
+SHAPE_ONLY: set[str] = set()
+
+
+def gradient(*names: str, reads_values: bool = True):
+    """Decorator: register the gradient function of the ops ``names``; ``reads_values=False``
+    when it uses no argument's or output's values (Note [Mutation and autograd])."""
 
     def deco(fn):
         for name in names:
             if name in GRADIENTS:
                 raise ValueError(f"a gradient for {name!r} is already registered")
             GRADIENTS[name] = fn
+            if not reads_values:
+                SHAPE_ONLY.add(name)
         return fn
 
     return deco
+
+
+# Writes into local arrays (Note [Mutation and autograd] in ops/mutation.py): the root buffer
+# of each written array -> (a weak reference to it, the _seq number of its latest write). Seq
+# numbers count down, so a write after a node was recorded has a smaller number than the node.
+_mutations: dict[int, tuple[Any, int]] = {}
+_last_mutation = [1]  # the smallest (latest) write number; 1: no write yet (seqs are <= 0)
+
+
+def _root(a: np.ndarray) -> np.ndarray:
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
+def note_mutation(local: np.ndarray) -> None:
+    """``local`` (a DistTensor's local array) was just written in place."""
+    seq = next(_seq)
+    root = _root(local)
+    i = id(root)
+    hit = _mutations.get(i)
+    if hit is not None and hit[0]() is root:
+        _mutations[i] = (hit[0], seq)
+    else:
+        _mutations[i] = (weakref.ref(root, lambda _, i=i: _mutations.pop(i, None)), seq)
+    _last_mutation[0] = seq
+
+
+def _written_after(a: Any, seq: int) -> bool:
+    """Whether the array ``a`` (or memory it views) was written after record number ``seq``."""
+    if not isinstance(a, np.ndarray):
+        return False
+    root = _root(a)
+    hit = _mutations.get(id(root))
+    return hit is not None and hit[0]() is root and hit[1] < seq
+
+
+def _check_saved(nodes) -> None:
+    """Refuse a backward through nodes whose saved tensors were written since they were saved
+    (PyTorch's version-counter error)."""
+    DistTensor = _tensor_type()
+    for node in nodes:
+        if node.name in SHAPE_ONLY:
+            continue
+        arrays = []
+        for a in node.args or ():
+            if isinstance(a, DistTensor):
+                arrays.append(a._local)
+            elif isinstance(a, (list, tuple)):
+                arrays.extend(b._local for b in a if isinstance(b, DistTensor))
+        saved = node.saved
+        arrays.extend(saved if isinstance(saved, tuple) else (saved,))
+        if any(_written_after(a, node.seq) for a in arrays):
+            raise RuntimeError(
+                f"backward: a tensor that the gradient of {node.name} needs was written in place "
+                "after the op used it (x += ..., x[...] = ..., out=, or an optimizer step); "
+                "write into a copy (x = x + ...), or run backward before the write"
+            )
 
 
 def is_grad_enabled() -> bool:
@@ -365,11 +431,14 @@ def _run(root, grad, retain_graph: bool) -> None:
     pending: dict[Any, int] = {}
     first = root._node[0]
     stack, seen = [first], {first}
+    oldest = first.seq
     while stack:  # every refusal comes before any gradient is computed or stored
         node = stack.pop()
         fn = node.fn
         if fn is _FREED or fn is None:
             _refuse(node)
+        if node.seq > oldest:
+            oldest = node.seq
         for t in node.inputs:
             if t is None:
                 continue
@@ -382,6 +451,8 @@ def _run(root, grad, retain_graph: bool) -> None:
                     seen.add(key)
                     stack.append(key)
             pending[key] = pending.get(key, 0) + 1
+    if _last_mutation[0] < oldest:  # something was written since the oldest node was recorded
+        _check_saved(seen)
     # node -> its outputs' gradients so far (a list, None where none arrived yet)
     grads: dict[Any, list] = {first: [None] * len(first.out_specs)}
     grads[first][root._node[1]] = grad

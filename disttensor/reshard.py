@@ -307,22 +307,24 @@ _STEPS = {
 }
 
 
-# -- another mesh ----------------------------------------------------------------------------
+# -- another mesh, and arbitrary boxes ---------------------------------------------------------
 @lru_cache(maxsize=1024)
-def _transfers(src: DistSpec, dst: DistSpec) -> tuple[tuple[int, int, tuple[slice, ...]], ...]:
-    """(sender, receiver, global box) for every piece a move between meshes sends.
+def _transfers(
+    src: DistSpec, wants: tuple[tuple[int, tuple[tuple[int, int], ...]], ...]
+) -> tuple[tuple[int, int, tuple[slice, ...]], ...]:
+    """(sender, receiver, global box) for every piece ``fetch`` sends: ``wants`` holds
+    (receiver, box as (start, length) per axis) pairs.
 
-    Each target rank takes a piece from itself when it holds one, else from the replicas of
+    Each receiver takes a piece from itself when it holds one, else from the replicas of
     that source box in turn, so replicated sources share the sending.
     """
     holders: dict[tuple, list[int]] = {}
     for r in src.mesh.process_ids:
         holders.setdefault(src.local_box(src.mesh.get_coord(r)), []).append(r)
     out = []
-    for i, r in enumerate(dst.mesh.process_ids):
-        want = dst.local_box(dst.mesh.get_coord(r))
+    for i, (r, want) in enumerate(wants):
         if any(n == 0 for _, n in want):
-            continue  # an empty target needs no data
+            continue  # an empty box needs no data
         for box, ranks in holders.items():
             inter = tuple((max(a, b), min(a + n, b + m)) for (a, n), (b, m) in zip(box, want))
             if any(lo >= hi for lo, hi in inter):
@@ -332,23 +334,28 @@ def _transfers(src: DistSpec, dst: DistSpec) -> tuple[tuple[int, int, tuple[slic
     return tuple(out)
 
 
-def _cross_mesh(local: np.ndarray, spec: DistSpec, dst: DistSpec, rank: int) -> np.ndarray:
-    src_plain, dst_plain = spec.without_partials(), dst.without_partials()
+def fetch(
+    local: np.ndarray, spec: DistSpec, wants: tuple[tuple[int, tuple[tuple[int, int], ...]], ...]
+) -> np.ndarray | None:
+    """Deliver to each receiver rank of ``wants`` the global box it asks for ((start, length)
+    per axis) of the tensor whose local array is ``local``; returns this rank's box (None if
+    it asks for none). Partials are reduced first; then only the pieces a receiver does not
+    hold are sent, point to point. Collective over the source mesh and the receivers; every
+    rank must pass the same ``wants``."""
+    rank = comm.get_rank()
+    plain = spec.without_partials()
     if rank in spec.mesh:
-        local = execute(local, spec, src_plain)
-    src_box = src_plain.local_box(spec.mesh.get_coord(rank))
-    dst_coord = dst.mesh.get_coord(rank)
-    dst_box = dst_plain.local_box(dst_coord)
-    out = _empty(dst_plain, dst_coord)
+        local = execute(local, spec, plain)
+    src_box = plain.local_box(spec.mesh.get_coord(rank))
+    mine = next((box for r, box in wants if r == rank), None)
+    out = None if mine is None else np.empty(tuple(n for _, n in mine), spec.dtype)
     w = comm.world()
     pending = []
-    for sender, receiver, box in _transfers(src_plain, dst_plain):
+    for sender, receiver, box in _transfers(plain, wants):
         if sender == rank:
             piece = local[tuple(slice(s.start - b, s.stop - b) for s, (b, _) in zip(box, src_box))]
             if receiver == rank:
-                out[tuple(slice(s.start - b, s.stop - b) for s, (b, _) in zip(box, dst_box))] = (
-                    piece
-                )
+                out[tuple(slice(s.start - b, s.stop - b) for s, (b, _) in zip(box, mine))] = piece
             else:
                 pending.append((w.isend(contiguous(piece), receiver, tag=7), None, None))
         elif receiver == rank:
@@ -357,7 +364,20 @@ def _cross_mesh(local: np.ndarray, spec: DistSpec, dst: DistSpec, rank: int) -> 
     for work, buf, box in pending:
         work.wait()
         if buf is not None:
-            out[tuple(slice(s.start - b, s.stop - b) for s, (b, _) in zip(box, dst_box))] = buf
+            out[tuple(slice(s.start - b, s.stop - b) for s, (b, _) in zip(box, mine))] = buf
+    return out
+
+
+@lru_cache(maxsize=1024)
+def _wanted(dst: DistSpec) -> tuple[tuple[int, tuple[tuple[int, int], ...]], ...]:
+    """Every rank of ``dst``'s mesh with the box its shard holds."""
+    return tuple((r, dst.local_box(dst.mesh.get_coord(r))) for r in dst.mesh.process_ids)
+
+
+def _cross_mesh(local: np.ndarray, spec: DistSpec, dst: DistSpec, rank: int) -> np.ndarray:
+    dst_plain = dst.without_partials()
+    dst_coord = dst.mesh.get_coord(rank)
+    out = fetch(local, spec, _wanted(dst_plain))
     if dst_coord is None:
-        return out
+        return _empty(dst_plain, dst_coord)
     return execute(out, dst_plain, dst) if dst.has_partial() else out

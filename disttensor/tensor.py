@@ -339,6 +339,53 @@ class DistTensor:
     def __getitem__(self, key):
         return _ops().getitem(self, key)
 
+    # -- writes (ops/mutation.py: Note [Writes keep the layout]) --------------------------------
+    def __setitem__(self, key, value):
+        """``x[key] = value`` as in numpy; each rank writes its own part (collective)."""
+        _ops().mutation.setitem(self, key, value)
+
+    def _inplace(self, ufunc, other):
+        return _ops().mutation.inplace(ufunc, self, other)
+
+    def __iadd__(self, o):
+        return self._inplace(np.add, o)
+
+    def __isub__(self, o):
+        return self._inplace(np.subtract, o)
+
+    def __imul__(self, o):
+        return self._inplace(np.multiply, o)
+
+    def __itruediv__(self, o):
+        return self._inplace(np.true_divide, o)
+
+    def __ifloordiv__(self, o):
+        return self._inplace(np.floor_divide, o)
+
+    def __imod__(self, o):
+        return self._inplace(np.remainder, o)
+
+    def __ipow__(self, o):
+        return self._inplace(np.power, o)
+
+    def __imatmul__(self, o):
+        return self._inplace(np.matmul, o)
+
+    def __iand__(self, o):
+        return self._inplace(np.bitwise_and, o)
+
+    def __ior__(self, o):
+        return self._inplace(np.bitwise_or, o)
+
+    def __ixor__(self, o):
+        return self._inplace(np.bitwise_xor, o)
+
+    def __ilshift__(self, o):
+        return self._inplace(np.left_shift, o)
+
+    def __irshift__(self, o):
+        return self._inplace(np.right_shift, o)
+
     # -- Python scalars: collective, like numpy() ---------------------------------------------
     def _scalar(self, kind):
         if self.size != 1:

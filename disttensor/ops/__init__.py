@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from . import gradients  # noqa: F401  (fills autograd.GRADIENTS)
+from . import (
+    gradients,  # noqa: F401  (fills autograd.GRADIENTS)
+    mutation,
+)
 from .elementwise import *  # noqa: F403
 from .elementwise import __all__ as _ew
 from .linalg import *  # noqa: F403
@@ -35,9 +38,20 @@ _FUNCS = {name: globals()[name] for name in __all__}
 
 
 def array_ufunc(ufunc, method, inputs, kwargs):
-    """``__array_ufunc__``: ufunc calls and reductions through the op set, else the fallback."""
-    if "out" in kwargs:
-        return NotImplemented  # DistTensors are not written in place
+    """``__array_ufunc__``: ufunc calls and reductions through the op set, else the fallback;
+    ``out=`` (a DistTensor or a numpy array) is written as numpy does (ops/mutation.py)."""
+    if kwargs.get("out") is not None:
+        kwargs = dict(kwargs)
+        out = kwargs.pop("out")
+        outs = out if isinstance(out, tuple) else (out,)
+        where = kwargs.pop("where", True)
+        casting = kwargs.pop("casting", "same_kind" if method == "__call__" else "unsafe")
+        result = array_ufunc(ufunc, method, inputs, kwargs)
+        results = result if isinstance(result, tuple) else (result,)
+        for r, o in zip(results, outs):
+            mutation.write_out(ufunc.__name__, r, o, casting, where)
+        return out[0] if isinstance(out, tuple) and len(out) == 1 else out
+    kwargs.pop("out", None)
     name = _UFUNC_NAMES.get(ufunc.__name__, ufunc.__name__)
     if method == "__call__" and not kwargs and name in _EW:
         return _EW[name](*inputs)
@@ -56,6 +70,16 @@ def array_function(func, args, kwargs):
     """``__array_function__``: numpy functions with a dt op of the same name use it;
     ``np.shape``/``np.ndim``/``np.size`` read the global metadata (no communication)."""
     name = func.__name__
+    if kwargs.get("out") is not None:  # computed without it, then written as numpy does
+        kwargs = dict(kwargs)
+        out = kwargs.pop("out")
+        result = array_function(func, args, kwargs)
+        if func is np.dot and result.dtype != out.dtype:
+            raise ValueError(
+                "output array is not acceptable (must have the right datatype, number of "
+                "dimensions, and be a C-Array)"
+            )
+        return mutation.write_out(name, result, out, "unsafe")
     if name in ("shape", "ndim", "size") and len(args) == 1 and not kwargs:
         return getattr(args[0], name)
     ours = _FUNCS.get(name)

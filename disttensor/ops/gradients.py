@@ -153,12 +153,12 @@ def _sigmoid_grad(ctx, gg):  # of g * o (1 - o)
     )
 
 
-@gradient("negative")
+@gradient("negative", reads_values=False)
 def _negative(ctx, g):
     return (-g,)
 
 
-@gradient("positive", "conjugate", "real")
+@gradient("positive", "conjugate", "real", reads_values=False)
 def _identity(ctx, g):
     return (g,)
 
@@ -182,12 +182,12 @@ def _silu(ctx, g):
     return (g * (s * (1 + ctx.args[0] * (1 - s))),)
 
 
-@gradient("add")
+@gradient("add", reads_values=False)
 def _add(ctx, g):
     return _binary(ctx, lambda: g, lambda: g)
 
 
-@gradient("subtract")
+@gradient("subtract", reads_values=False)
 def _subtract(ctx, g):
     return _binary(ctx, lambda: g, lambda: -g)
 
@@ -280,7 +280,7 @@ def _clip(ctx, g):
     return out
 
 
-@gradient("astype")
+@gradient("astype", reads_values=False)
 def _astype(ctx, g):
     return (g.astype(ctx.args[0].dtype),)
 
@@ -417,12 +417,12 @@ def _spread(ctx, g):
     return _BROADCAST_TO(g, shape=shape)  # a DistTensor's shape: a tuple of ints already
 
 
-@gradient("sum")
+@gradient("sum", reads_values=False)
 def _sum(ctx, g):
     return (_spread(ctx, g),)
 
 
-@gradient("mean")
+@gradient("mean", reads_values=False)
 def _mean(ctx, g):
     shape = ctx.args[0].shape
     count = math.prod([shape[a] for a in _reduced(ctx)])
@@ -460,12 +460,12 @@ def _prod(ctx, g):
 
 
 # -- shape ops -------------------------------------------------------------------------------
-@gradient("reshape", "expand_dims", "squeeze")
+@gradient("reshape", "expand_dims", "squeeze", reads_values=False)
 def _reshape_back(ctx, g):
     return (sh.reshape(g, ctx.args[0].shape),)
 
 
-@gradient("transpose")
+@gradient("transpose", reads_values=False)
 def _transpose(ctx, g):
     axes = ctx.attrs.get("axes")
     if axes is None:
@@ -474,17 +474,17 @@ def _transpose(ctx, g):
     return (sh.transpose(g, tuple(int(i) for i in np.argsort([a % nd for a in axes]))),)
 
 
-@gradient("swapaxes")
+@gradient("swapaxes", reads_values=False)
 def _swapaxes(ctx, g):
     return (sh.swapaxes(g, ctx.attrs["axis1"], ctx.attrs["axis2"]),)
 
 
-@gradient("broadcast_to")
+@gradient("broadcast_to", reads_values=False)
 def _broadcast_to(ctx, g):
     return (_sum_to(g, ctx.args[0].shape),)
 
 
-@gradient("tile")
+@gradient("tile", reads_values=False)
 def _tile(ctx, g):
     x = ctx.args[0]
     reps = ctx.attrs["reps"]
@@ -497,7 +497,7 @@ def _tile(ctx, g):
     return (sh.reshape(g, x.shape),)
 
 
-@gradient("repeat")
+@gradient("repeat", reads_values=False)
 def _repeat(ctx, g):
     x = ctx.args[0]
     axis, repeats = ctx.attrs["axis"] % x.ndim, ctx.attrs["repeats"]
@@ -514,12 +514,12 @@ def _repeat(ctx, g):
     return (la.einsum(f"{src},yz->{letters[:axis]}z{letters[axis + 1 :]}", g, onehot),)
 
 
-@gradient("split")
+@gradient("split", reads_values=False)
 def _split(ctx, gs):
     return (sh.concatenate(list(gs), ctx.attrs["axis"]),)
 
 
-@gradient("concatenate")
+@gradient("concatenate", reads_values=False)
 def _concatenate(ctx, g):
     axis = ctx.attrs["axis"] % g.ndim
     out, start = [], 0
@@ -531,20 +531,20 @@ def _concatenate(ctx, g):
     return out
 
 
-@gradient("stack")
+@gradient("stack", reads_values=False)
 def _stack(ctx, g):
     axis = ctx.attrs["axis"] % g.ndim
     lead = (slice(None),) * axis
     return [sh.getitem(g, (*lead, i)) if need else None for i, need in enumerate(ctx.needs)]
 
 
-@gradient("getitem")
+@gradient("getitem", reads_values=False)
 def _getitem(ctx, g):
     x = ctx.args[0]
     return (sh.OPS["getitem_grad"](g, key=ctx.attrs["key"], shape=x.shape),)
 
 
-@gradient("getitem_grad")
+@gradient("getitem_grad", reads_values=False)
 def _getitem_grad(ctx, g):  # linear: the gradient of a scatter is the gather
     return (sh.OPS["getitem"](g, key=ctx.attrs["key"]),)
 

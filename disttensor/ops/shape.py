@@ -36,6 +36,7 @@ from ..spmd.shape_rules import (
     within,
 )
 from ..tensor import DistTensor
+from . import mutation
 
 
 # -- kernels ---------------------------------------------------------------------------------
@@ -287,7 +288,11 @@ def getitem(x, key):
         return np.asarray(x)[key]
     if not all(_basic(k) for k in (key if isinstance(key, tuple) else (key,))):
         return fallback("getitem[advanced]", operator.getitem, (x, key), {})
-    return OPS["getitem"](x, key=canonical_key(x.shape, key))
+    ckey = canonical_key(x.shape, key)
+    out = OPS["getitem"](x, key=ckey)
+    if not mutation.is_view_of(out._spec, x._spec):  # Note [Copies where numpy has views]
+        mutation.remember_copy(out, x, ckey)
+    return out
 
 
 __all__ = [

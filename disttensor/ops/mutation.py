@@ -1,0 +1,391 @@
+"""Writing into DistTensors as numpy does: ``x[key] = value``, ``x += y`` and ``out=``.
+
+Note [Writes keep the layout]
+    A write never changes the target's placements. Each rank writes the part of the written
+    region that lies in its own shard, into its own local array, so every alias (the same
+    object, or a DistTensor whose local array is a view of the same memory) sees the change,
+    and a Replicate target stays equal on every rank. The value comes to the target's layout
+    for just that region: a scalar or a numpy array is on every rank already; a DistTensor
+    value sends each rank only the pieces of the region it holds that it does not hold
+    itself, point to point (``reshard.fetch``), so a value already laid out like the region
+    moves nothing. A Partial target is written as reshard's Replicate -> Partial step would
+    make the value: for Partial(sum) the ranks at coordinate 0 of every Partial(sum) mesh dim
+    write the value and the others zeros (their sum is the value); for avg/max/min every rank
+    writes it. In-place operators compute the result out of place, through the op's own rule,
+    then write it back into the target's buffer the same way (resharded to the target's
+    placements when the rule gave others).
+
+Note [Copies where numpy has views]
+    A basic slice ``x[2:5]`` is a view in numpy. In dt it is a view of the local array when
+    no data moved (the sliced axes are not split, or only taken whole); when the getitem rule
+    had to move data (a split axis sliced partly), the result is a copy. Such a copy remembers
+    its source and key: a write into it (``y[0] = 7``, ``y += 1``) is written through to the
+    source as ``x[key] = y``, and ``x[key] = y`` of that very copy is a no-op, as it is for a
+    numpy view. So ``x[2:5] += 1`` and ``y = x[2:5]; y *= 2`` change x as in numpy. A
+    difference remains: such a copy does not see later writes into its source.
+
+Note [Mutation and autograd]
+    A write into a tensor that requires a gradient, or of a value that requires one, raises
+    while gradients are recorded: the tape has no in-place ops. Under ``dt.no_grad()`` writes
+    are allowed (optimizer updates, ``w -= lr * w.grad``). Each write is noted
+    (``autograd.note_mutation``); backward refuses a graph whose saved tensors were written
+    after they were saved, as PyTorch's version counter does.
+
+>>> import numpy as np, disttensor as dt
+>>> def program():
+...     mesh = dt.ProcessMesh([0, 1])
+...     x = dt.shard_tensor(np.zeros((4, 3)), mesh, [dt.Shard(0)])
+...     y = x                    # an alias
+...     x[1:3, 0] = [5.0, 6.0]   # each rank writes the rows it holds
+...     y += 1                   # in place: x sees it
+...     return x.numpy()[:, 0], x.placements
+>>> dt.simulate(2, program)[0]
+(array([1., 6., 7., 1.]), [Shard(dim=0)])
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import numpy as np
+
+from .. import autograd, comm
+from .. import reshard as _reshard
+from ..placement import Partial
+from ..spmd.shape_rules import canonical_key, index_layout, within
+from ..tensor import DistTensor, reshard
+
+
+# -- checks ------------------------------------------------------------------------------------
+def check_writable(target: DistTensor, value: Any, what: str) -> None:
+    """Note [Mutation and autograd]: refuse writes the tape cannot follow (every rank alike,
+    before any communication)."""
+    if not autograd.is_grad_enabled():
+        return
+    if target.requires_grad:
+        raise RuntimeError(
+            f"{what}: the target requires a gradient, and in-place writes are not recorded for "
+            "backward; write under dt.no_grad() (a parameter update) or compute out of place "
+            "(y = x + 1, dt.where(mask, value, x))"
+        )
+    if isinstance(value, DistTensor) and value.requires_grad:
+        raise RuntimeError(
+            f"{what}: the value requires a gradient, which an in-place write cannot pass on; "
+            "compute out of place (dt.where(mask, value, x), dt.concatenate(...)) or write "
+            "value.detach()"
+        )
+
+
+def _shape(a: Any) -> tuple[int, ...]:
+    return a.shape if isinstance(a, DistTensor) else np.shape(a)
+
+
+def _strip_leading_ones(shape: tuple[int, ...], ndim: int) -> int:
+    """How many leading length-1 axes a value has beyond ``ndim`` (numpy drops them)."""
+    k = 0
+    while len(shape) - k > ndim and shape[k] == 1:
+        k += 1
+    return k
+
+
+def _value_shape_fits(vshape: tuple[int, ...], region: tuple[int, ...]) -> tuple[int, ...]:
+    """The value's shape with numpy's extra leading 1s dropped; ValueError (numpy's message)
+    unless it broadcasts to ``region``."""
+    trimmed = vshape[_strip_leading_ones(vshape, len(region)) :]
+    ok = len(trimmed) <= len(region) and all(
+        v in (1, r) for v, r in zip(trimmed[::-1], region[::-1])
+    )
+    if not ok:
+        raise ValueError(f"could not broadcast input array from shape {vshape} into shape {region}")
+    return trimmed
+
+
+# -- which ranks write the value, which write zeros (Partial targets) --------------------------
+def _writes_value(target: DistTensor, coord: tuple[int, ...]) -> bool:
+    """Note [Writes keep the layout]: off coordinate 0 of a Partial(sum) mesh dim a rank
+    writes zeros."""
+    return all(
+        not (isinstance(p, Partial) and p.reduce_type == "sum") or coord[m] == 0
+        for m, p in enumerate(target._spec.placements)
+    )
+
+
+# -- copies where numpy has views (Note [Copies where numpy has views]) -----------------------
+_copies: dict[int, tuple[Any, Any, tuple]] = {}  # id(copy) -> (ref to it, ref to source, key)
+
+
+def remember_copy(copy: DistTensor, source: DistTensor, key: tuple) -> None:
+    """``copy`` is ``source[key]`` (a canonical basic key) computed with data moved."""
+    i = id(copy)
+    _copies[i] = (weakref.ref(copy, lambda _, i=i: _copies.pop(i, None)), weakref.ref(source), key)
+
+
+def _copy_of(t: Any) -> tuple[DistTensor, tuple] | None:
+    hit = _copies.get(id(t))
+    if hit is None or hit[0]() is not t:
+        return None
+    source = hit[1]()
+    return None if source is None else (source, hit[2])
+
+
+def _written(target: DistTensor) -> None:
+    """After a write into ``target``'s local array: note it for autograd, and write a copy
+    that stands for a numpy view through to its source."""
+    autograd.note_mutation(target._local)
+    hit = _copy_of(target)
+    if hit is not None:
+        source, key = hit
+        with autograd.no_grad():
+            _write_region(source, key, target)
+        _written(source)
+
+
+def is_view_of(out_spec, in_spec) -> bool:
+    """Whether a basic getitem kept every split of its input (then each rank's result is a
+    view of its shard); otherwise it moved data or filled zeros (a Partial result)."""
+    return not any(
+        p.is_shard() and not q.is_shard() for p, q in zip(in_spec.placements, out_spec.placements)
+    )
+
+
+# -- x[key] = value ----------------------------------------------------------------------------
+def _basic(k: Any) -> bool:
+    return (
+        k is None
+        or k is Ellipsis
+        or isinstance(k, (slice, range))
+        or (isinstance(k, (int, np.integer)) and not isinstance(k, (bool, np.bool_)))
+    )
+
+
+def setitem(target: DistTensor, key: Any, value: Any) -> None:
+    """``target[key] = value`` with numpy's semantics: basic keys, integer arrays (numpy,
+    lists, DistTensors) and boolean masks; scalar, array or DistTensor values, broadcast.
+    Collective over the target's mesh (and the value's). Note [Writes keep the layout]."""
+    check_writable(target, value, "x[key] = value")
+    parts = key if isinstance(key, tuple) else (key,)
+    if all(_basic(k) for k in parts):
+        ckey = canonical_key(target.shape, key)
+        hit = _copy_of(value)
+        if hit is not None and hit[0] is target and hit[1] == ckey:
+            return  # x[key] = x[key]: the value is that region (a no-op, as for a numpy view)
+        _write_region(target, ckey, value)
+    else:
+        _write_advanced(target, parts, value)
+    _written(target)
+
+
+def assign(target: DistTensor, value: Any) -> DistTensor:
+    """``target[...] = value``: the whole tensor, in place; returns ``target``."""
+    setitem(target, Ellipsis, value)
+    return target
+
+
+def _region_index(ckey: tuple, box) -> tuple[tuple, tuple] | None:
+    """(index into the local array, (start, length) per region axis) of the part of the
+    region a shard with ``box`` holds; None when it holds none of it."""
+    src: list[Any] = []
+    reg: list[tuple[int, int]] = []
+    axis = 0
+    for k in ckey:
+        if k is None:
+            src.append(None)
+            reg.append((0, 1))
+            continue
+        start, n = box[axis]
+        axis += 1
+        if isinstance(k, int):
+            if not start <= k < start + n:
+                return None
+            src.append(k - start)
+        else:
+            j0, j1 = within(k, start, start + n)
+            if j1 <= j0:
+                return None
+            part = k[j0:j1]
+            stop = part.stop - start
+            src.append(slice(part.start - start, stop if stop >= 0 else None, part.step))
+            reg.append((j0, j1 - j0))
+    return tuple(src), tuple(reg)
+
+
+def _write_region(target: DistTensor, ckey: tuple, value: Any) -> None:
+    spec = target._spec
+    region, _ = index_layout(spec.shape, ckey)
+    vshape = _value_shape_fits(tuple(_shape(value)), region)
+    rank = comm.get_rank()
+    coord = spec.mesh.get_coord(rank)
+    mine = None if coord is None else _region_index(ckey, spec.local_box(coord))
+    if isinstance(value, DistTensor):
+        value = _as_region(value, vshape, region)
+        wants = []
+        for r in spec.mesh.process_ids:
+            c = spec.mesh.get_coord(r)
+            hit = _region_index(ckey, spec.local_box(c))
+            if hit is not None and _writes_value(target, c):
+                wants.append((r, hit[1]))
+        piece = _reshard.fetch(value._local, value._spec, tuple(wants))
+        if mine is None:
+            return
+        if piece is None:  # a Partial(sum) target off coordinate 0
+            target._local[mine[0]] = 0
+        else:
+            target._local[mine[0]] = piece
+        return
+    if mine is None:
+        return
+    src, reg = mine
+    if not _writes_value(target, coord):
+        target._local[src] = 0
+        return
+    v = np.asarray(value)
+    if v.ndim == 0:
+        target._local[src] = v
+        return
+    v = np.broadcast_to(v.reshape(vshape), region)
+    target._local[src] = v[tuple(slice(s, s + n) for s, n in reg)]
+
+
+def _as_region(value: DistTensor, vshape: tuple[int, ...], region: tuple[int, ...]) -> DistTensor:
+    """A DistTensor value with numpy's extra leading 1s dropped and broadcast to the region."""
+    from . import shape as sh
+
+    with autograd.no_grad():
+        if value.shape != vshape:
+            value = sh.reshape(value, vshape)
+        if value.shape != region:
+            value = sh.broadcast_to(value, region)
+    return value
+
+
+def _write_advanced(target: DistTensor, key: tuple, value: Any) -> None:
+    """Integer-array and boolean keys: every written element's global coordinates, found by
+    numpy's own indexing of broadcast coordinate grids (so numpy decides the result's shape
+    and checks the key), then each rank writes the elements its shard holds."""
+    spec = target._spec
+    if _local_mask(target, key, value):
+        return
+    key = tuple(k.numpy() if isinstance(k, DistTensor) else k for k in key)  # collective
+    shape = spec.shape
+    grids = [
+        np.broadcast_to(
+            np.arange(n).reshape([n if j == a else 1 for j in range(len(shape))]), shape
+        )
+        for a, n in enumerate(shape)
+    ]
+    coords = [g[key] for g in grids]  # numpy's IndexError for a bad key, on every rank alike
+    region = coords[0].shape if coords else np.asarray(0)[key].shape
+    vshape = _value_shape_fits(tuple(_shape(value)), region)
+    if isinstance(value, DistTensor):
+        value = value.numpy()  # collective: the value's bytes, once
+    v = np.broadcast_to(np.asarray(value).reshape(vshape), region)
+    coord = spec.mesh.get_coord(comm.get_rank())
+    if coord is None:
+        return
+    box = spec.local_box(coord)
+    sel = np.ones(region, bool)
+    for c, (start, n) in zip(coords, box):
+        sel &= (c >= start) & (c < start + n)
+    local = tuple(c[sel] - start for c, (start, _) in zip(coords, box))
+    if not shape:  # a 0-d target: the key selects it or not
+        local = ()
+        if not sel.any():
+            return
+        target._local[()] = v[sel][-1] if _writes_value(target, coord) else 0
+        return
+    target._local[local] = v[sel] if _writes_value(target, coord) else 0
+
+
+def _local_mask(target: DistTensor, key: tuple, value: Any) -> bool:
+    """``x[mask] = scalar`` with a DistTensor mask of x's shape: each rank writes through its
+    own part of the mask (the mask moves to x's layout only if it is laid out otherwise).
+    True when done; False for every other key."""
+    if len(key) != 1 or not isinstance(key[0], DistTensor) or isinstance(value, DistTensor):
+        return False
+    if np.ndim(value) != 0:
+        return False
+    mask = key[0]
+    if mask.dtype != np.bool_ or mask.shape != target.shape:
+        return False
+    if mask._spec.mesh != target._spec.mesh or mask._spec.placements != target._spec.placements:
+        mask = reshard(mask, target.mesh, target.placements)
+    coord = target._spec.mesh.get_coord(comm.get_rank())
+    if coord is not None:
+        target._local[mask._local] = value if _writes_value(target, coord) else 0
+    return True
+
+
+# -- x += y and out= ---------------------------------------------------------------------------
+def _casting_error(name: str, src: np.dtype, dst: np.dtype, casting: str) -> TypeError:
+    return TypeError(
+        f"Cannot cast ufunc '{name}' output from {src!r} to {dst!r} with casting rule '{casting}'"
+    )
+
+
+def inplace(ufunc: np.ufunc, target: DistTensor, other: Any) -> DistTensor:
+    """``target <op>= other`` (``x += y``, ``p -= lr * g``, ``a @= b``): the result out of
+    place through the op's rule, written back into the target's buffer; returns ``target``."""
+    from . import array_ufunc
+
+    name = f"{ufunc.__name__} (in place)"
+    check_writable(target, other, name)
+    if ufunc is not np.matmul:
+        want = np.broadcast_shapes(target.shape, tuple(_shape(other)))
+        if want != target.shape:
+            raise ValueError(
+                f"non-broadcastable output operand with shape {target.shape} doesn't match "
+                f"the broadcast shape {want}"
+            )
+    result = array_ufunc(ufunc, "__call__", (target, other), {})
+    write_out(ufunc.__name__, result, target, "same_kind")
+    return target
+
+
+def write_out(
+    name: str, result: Any, out: Any, casting: str = "same_kind", where: Any = True
+) -> Any:
+    """Write ``result`` into ``out`` (a DistTensor, or a numpy array that gets the global
+    value on every rank) as an ``out=`` argument does: numpy's casting rule, broadcasting to
+    ``out``'s shape, and a ufunc's ``where=`` (out keeps its values where it is False);
+    returns ``out``."""
+    rdtype = result.dtype if isinstance(result, DistTensor) else np.asarray(result).dtype
+    odtype = out.dtype
+    if not np.can_cast(rdtype, odtype, casting=casting):
+        raise _casting_error(name, rdtype, odtype, casting)
+    rshape, oshape = tuple(_shape(result)), tuple(_shape(out))
+    if np.broadcast_shapes(rshape, oshape) != oshape:
+        raise ValueError(
+            f"non-broadcastable output operand with shape {oshape} doesn't match the "
+            f"broadcast shape {np.broadcast_shapes(rshape, oshape)}"
+        )
+    if isinstance(out, DistTensor):
+        check_writable(out, result, f"{name}(..., out=)")
+        if where is not True:
+            from .elementwise import where as _where
+
+            with autograd.no_grad():
+                result = _where(where, result, out)
+        if (
+            isinstance(result, DistTensor)
+            and rshape == oshape
+            and result._spec.mesh == out._spec.mesh
+        ):
+            if result._spec.placements != out._spec.placements:
+                with autograd.no_grad():
+                    result = reshard(result, out.mesh, out.placements)
+            if out._spec.mesh.get_coord(comm.get_rank()) is not None:
+                np.copyto(out._local, result._local, casting="unsafe")
+            _written(out)
+        else:
+            with autograd.no_grad():
+                setitem(out, Ellipsis, result)
+        return out
+    value = result.numpy() if isinstance(result, DistTensor) else result
+    if isinstance(where, DistTensor):
+        where = where.numpy()
+    np.copyto(out, value, casting="unsafe", where=where)
+    return out
+
+
+__all__: list[str] = []  # reached as methods and numpy's out=, not as dt functions
