@@ -9,7 +9,7 @@ from .autograd import enable_grad, is_grad_enabled, no_grad
 from .comm import RankAborted, barrier, get_rank, get_world_size, simulate
 from .comm.mpi import install_abort_hook
 from .creation import arange, empty, full, manual_seed, ones, rand, randn, zeros
-from .debug import CommCounter
+from .debug import CommCounter, fallback_report
 from .mesh import ProcessMesh, init_mesh
 from .nn.sharding import shard_layer
 from .ops import *  # noqa: F403  (numpy-named ops: dt.add, dt.matmul, dt.sum, ...)
@@ -39,6 +39,7 @@ __all__ = [
     "dtensor_from_local",
     "empty",
     "enable_grad",
+    "fallback_report",
     "full",
     "get_rank",
     "get_world_size",

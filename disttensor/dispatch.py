@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,7 +34,74 @@ from .tensor import DistTensor
 
 log = logging.getLogger("disttensor")
 
-FALLBACKS: Counter[str] = Counter()  # op name -> replicate-fallback calls (dt.debug shows it)
+FALLBACKS: Counter[str] = Counter()  # op name -> calls that communicated outside a rule
+
+# Note [Communication outside rules]
+# Every communication that an op's SPMD rule did not plan is accounted here: the replicate
+# fallback (no rule, or arguments the dt op does not take), gathers for keys and values that
+# have no rule (integer-array and boolean keys, a slice of a split axis that had to move),
+# and implicit conversions to numpy (np.asarray(x), a numpy ``out=``). Each call is counted
+# per (op name, reason) with the bytes this rank handed to collectives for it (process-wide
+# in FALLBACK_LOG; per rank and per block in dt.CommCounter().fallbacks), and logged once per
+# (op, reason), at WARNING, by rank 0. dt.fallback_report() shows the table.
+FALLBACK_LOG: dict[tuple[str, str], list[int]] = {}  # (op, reason) -> [calls, bytes]
+NO_RULE = "no SPMD rule: inputs gathered, computed whole on every rank"
+_LOGGED: set[tuple[str, str]] = set()
+_fallback_observers = threading.local()
+
+
+def add_fallback_observer(fn: Callable[[str, str, int], None]) -> None:
+    """Call ``fn(op, reason, nbytes)`` for every accounted call on this thread."""
+    if not hasattr(_fallback_observers, "fns"):
+        _fallback_observers.fns = []
+    _fallback_observers.fns.append(fn)
+
+
+def remove_fallback_observer(fn: Callable[[str, str, int], None]) -> None:
+    _fallback_observers.fns.remove(fn)
+
+
+class outside_rules:
+    """``with outside_rules(op, reason): ...`` accounts one call and the bytes the block
+    hands to collectives (Note [Communication outside rules]). ``always``: count it even when
+    it moved nothing (a fallback on a 1-rank mesh or Replicate inputs still does not split
+    the work); else only when a collective ran."""
+
+    __slots__ = ("always", "name", "nbytes", "reason", "started")
+
+    def __init__(self, name: str, reason: str, always: bool = True) -> None:
+        self.name, self.reason, self.always = name, reason, always
+        self.nbytes = self.started = 0
+
+    def _seen(self, kind: str, nbytes: int) -> None:
+        self.started += 1
+        self.nbytes += nbytes
+
+    def __enter__(self) -> outside_rules:
+        comm.add_observer(self._seen)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        comm.remove_observer(self._seen)
+        if exc[0] is None and (self.always or self.started):
+            note_outside_rules(self.name, self.reason, self.nbytes)
+
+
+def note_outside_rules(name: str, reason: str, nbytes: int) -> None:
+    """Account one call of ``name`` that moved ``nbytes`` outside its rule for ``reason``."""
+    FALLBACKS[name] += 1
+    entry = FALLBACK_LOG.setdefault((name, reason), [0, 0])
+    entry[0] += 1
+    entry[1] += nbytes
+    for fn in getattr(_fallback_observers, "fns", ()):
+        fn(name, reason, nbytes)
+    if (name, reason) not in _LOGGED and comm.get_rank() == 0:
+        _LOGGED.add((name, reason))
+        log.warning(
+            "disttensor: %s communicates outside an SPMD rule (%s); see dt.fallback_report()",
+            name,
+            reason,
+        )
 
 
 class KernelContext:
@@ -258,26 +326,13 @@ def _general(op: Op, args: tuple, attrs: dict, idkey: Any, entry: _Entry | None)
     if moves is None:
         for i, t in zip(pos, tensors):
             kargs[i] = t._local
+    elif out_shapes is None:  # the replicate fallback: Note [Communication outside rules]
+        with outside_rules(op.name, NO_RULE):
+            _move(pos, tensors, moves, kargs)
     else:
-        # one reshard per distinct input: ``d * d`` on a Partial d reduces d once
-        # (Note [One move per input]); autograd's memo also spans a whole gradient function
-        memo = _memo.table
-        if memo is None and len(tensors) > 1:
-            memo = {}
-        for i, t, chain in zip(pos, tensors, moves):
-            if not chain:
-                kargs[i] = t._local
-                continue
-            hit = memo.get((id(t), chain[-1])) if memo is not None else None
-            if hit is not None and hit[0] is t:  # resharded the same way earlier: reuse
-                kargs[i] = hit[1]
-                continue
-            local, spec = t._local, t._spec
-            for step in chain:  # usually just the target; see _decide for bool Partials
-                local, spec = _reshard.execute(local, spec, step), step
-            kargs[i] = local
-            if memo is not None:
-                memo[(id(t), chain[-1])] = (t, local)
+        _move(pos, tensors, moves, kargs)
+    if moves is None and out_shapes is None:  # a fallback with nothing to move
+        note_outside_rules(op.name, NO_RULE, 0)
     # 4. kernel
     if coord is None:
         result = _probe(op, kargs, pos, attrs, targets, out_placements)
@@ -288,6 +343,29 @@ def _general(op: Op, args: tuple, attrs: dict, idkey: Any, entry: _Entry | None)
     else:
         result = op.kernel(*kargs, **attrs)
     return _finish(op, args, attrs, entry, plan, mesh, coord, kargs, result, tensors, pos)
+
+
+def _move(pos, tensors, moves, kargs) -> None:
+    """Step 3: reshard the inputs that move, into ``kargs``. One reshard per distinct input:
+    ``d * d`` on a Partial d reduces d once (Note [One move per input]); autograd's memo also
+    spans a whole gradient function."""
+    memo = _memo.table
+    if memo is None and len(tensors) > 1:
+        memo = {}
+    for i, t, chain in zip(pos, tensors, moves):
+        if not chain:
+            kargs[i] = t._local
+            continue
+        hit = memo.get((id(t), chain[-1])) if memo is not None else None
+        if hit is not None and hit[0] is t:  # resharded the same way earlier: reuse
+            kargs[i] = hit[1]
+            continue
+        local, spec = t._local, t._spec
+        for step in chain:  # usually just the target; see _decide for bool Partials
+            local, spec = _reshard.execute(local, spec, step), step
+        kargs[i] = local
+        if memo is not None:
+            memo[(id(t), chain[-1])] = (t, local)
 
 
 def _normalize_and_decide(op: Op, args: tuple, attrs: dict, idkey: Any):
@@ -417,20 +495,17 @@ def _replicate(a: np.ndarray, mesh) -> DistTensor:
     return DistTensor(a, spec)
 
 
-def _note_fallback(name: str) -> None:
-    FALLBACKS[name] += 1
-    if FALLBACKS[name] == 1:
-        log.warning(
-            "disttensor: %s has no SPMD rule; its inputs are replicated (all-gathered) and every "
-            "rank computes the whole result",
-            name,
-        )
-
-
-def fallback(name: str, func: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+def fallback(
+    name: str,
+    func: Callable[..., Any],
+    args: tuple,
+    kwargs: dict,
+    reason: str = "no dt implementation: inputs gathered, computed whole on every rank",
+) -> Any:
     """The replicate fallback for any numpy function: DistTensors (also inside lists, tuples
     and keyword arguments) become their global values, ``func`` runs on every rank, and array
-    results come back Replicate on the operands' mesh. Counted and logged once per name."""
+    results come back Replicate on the operands' mesh. Accounted per (name, ``reason``):
+    Note [Communication outside rules]."""
     found: list[DistTensor] = []
 
     def collect(a) -> None:
@@ -448,11 +523,12 @@ def fallback(name: str, func: Callable[..., Any], args: tuple, kwargs: dict) -> 
     if not found:
         return func(*args, **kwargs)
     mesh = found[0].mesh
-    _note_fallback(name)
     rep = [Replicate()] * mesh.ndim
-    values = {
-        id(t): _reshard.execute(t._local, t._spec, t._spec.replace(placements=rep)) for t in found
-    }
+    with outside_rules(name, reason):
+        values = {
+            id(t): _reshard.execute(t._local, t._spec, t._spec.replace(placements=rep))
+            for t in found
+        }
 
     def value(a):
         if isinstance(a, DistTensor):
@@ -472,8 +548,7 @@ def fallback(name: str, func: Callable[..., Any], args: tuple, kwargs: dict) -> 
 
 def _decide(op: Op, specs, pos, nargs, attrs, mesh):
     rule = get_rule(op.rule) if op.rule else None
-    if rule is None:
-        _note_fallback(op.name)
+    if rule is None:  # the replicate fallback: accounted per call in _general
         rep = (Replicate(),) * mesh.ndim
         targets = tuple(s.replace(placements=rep) for s in specs)
         return targets, None, None, _moves(specs, specs, targets), {}

@@ -164,6 +164,9 @@ class DistSpec:
         p[mesh_dim] = placement
         return self.replace(placements=p)
 
+    def has_shard(self) -> bool:
+        return any(p.is_shard() for p in self.placements)
+
     def has_partial(self) -> bool:
         return any(p.is_partial() for p in self.placements)
 

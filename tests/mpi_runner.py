@@ -10,6 +10,7 @@ import sys
 import time
 
 import grad_cases
+import mutation_cases
 import numpy as np
 import op_cases
 import spmd_cases as cases
@@ -25,13 +26,17 @@ ARGS = {
         "mesh_shapes": ((1,), (2,), (3,), (4,), (2, 2)),
         "nd_shapes": 3,
     },
+    "case_mutation": {"light": True},
 }
 
 
 def main(names: list[str]) -> None:
     world, rank = dt.get_world_size(), dt.get_rank()
     every = cases.ALL + [
-        f for m in (op_cases, grad_cases) for n, f in vars(m).items() if n.startswith("case_")
+        f
+        for m in (op_cases, grad_cases, mutation_cases)
+        for n, f in vars(m).items()
+        if n.startswith("case_")
     ]
     chosen = [c for c in every if not names or c.__name__ in names]
     for case in chosen:

@@ -52,6 +52,7 @@ import numpy as np
 
 from .. import autograd, comm
 from .. import reshard as _reshard
+from ..dispatch import outside_rules
 from ..placement import Partial
 from ..spmd.shape_rules import canonical_key, index_layout, within
 from ..tensor import DistTensor, reshard
@@ -266,7 +267,8 @@ def _write_advanced(target: DistTensor, key: tuple, value: Any) -> None:
     spec = target._spec
     if _local_mask(target, key, value):
         return
-    key = tuple(k.numpy() if isinstance(k, DistTensor) else k for k in key)  # collective
+    with outside_rules("setitem", "a DistTensor index: gathered", always=False):
+        key = tuple(k.numpy() if isinstance(k, DistTensor) else k for k in key)  # collective
     shape = spec.shape
     grids = [
         np.broadcast_to(
@@ -278,7 +280,9 @@ def _write_advanced(target: DistTensor, key: tuple, value: Any) -> None:
     region = coords[0].shape if coords else np.asarray(0)[key].shape
     vshape = _value_shape_fits(tuple(_shape(value)), region)
     if isinstance(value, DistTensor):
-        value = value.numpy()  # collective: the value's bytes, once
+        reason = "the value of an integer-array or boolean write: gathered"
+        with outside_rules("setitem", reason, always=False):
+            value = value.numpy()  # collective: the value's bytes, once
     v = np.broadcast_to(np.asarray(value).reshape(vshape), region)
     coord = spec.mesh.get_coord(comm.get_rank())
     if coord is None:
@@ -308,8 +312,11 @@ def _local_mask(target: DistTensor, key: tuple, value: Any) -> bool:
     mask = key[0]
     if mask.dtype != np.bool_ or mask.shape != target.shape:
         return False
-    if mask._spec.mesh != target._spec.mesh or mask._spec.placements != target._spec.placements:
-        mask = reshard(mask, target.mesh, target.placements)
+    want = target._spec.without_partials()  # the mask's whole value where x has its shard
+    if mask._spec.mesh != want.mesh or mask._spec.placements != want.placements:
+        reason = "a boolean mask laid out unlike the target: moved"
+        with outside_rules("setitem", reason, always=False):
+            mask = reshard(mask, want.mesh, list(want.placements))
     coord = target._spec.mesh.get_coord(comm.get_rank())
     if coord is not None:
         target._local[mask._local] = value if _writes_value(target, coord) else 0
@@ -354,10 +361,14 @@ def write_out(
     if not np.can_cast(rdtype, odtype, casting=casting):
         raise _casting_error(name, rdtype, odtype, casting)
     rshape, oshape = tuple(_shape(result)), tuple(_shape(out))
-    if np.broadcast_shapes(rshape, oshape) != oshape:
+    try:
+        ok = np.broadcast_shapes(rshape, oshape) == oshape
+    except ValueError:
+        ok = False
+    if not ok:
         raise ValueError(
             f"non-broadcastable output operand with shape {oshape} doesn't match the "
-            f"broadcast shape {np.broadcast_shapes(rshape, oshape)}"
+            f"broadcast shape {rshape}"
         )
     if isinstance(out, DistTensor):
         check_writable(out, result, f"{name}(..., out=)")
@@ -381,9 +392,11 @@ def write_out(
             with autograd.no_grad():
                 setitem(out, Ellipsis, result)
         return out
-    value = result.numpy() if isinstance(result, DistTensor) else result
-    if isinstance(where, DistTensor):
-        where = where.numpy()
+    reason = "a numpy output array: the global value gathered"
+    with outside_rules(f"{name} (out=)", reason, always=False):
+        value = result.numpy() if isinstance(result, DistTensor) else result
+        if isinstance(where, DistTensor):
+            where = where.numpy()
     np.copyto(out, value, casting="unsafe", where=where)
     return out
 

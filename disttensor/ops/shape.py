@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..dispatch import KernelContext, Op, fallback
+from ..dispatch import KernelContext, Op, fallback, outside_rules
 from ..spec import DistSpec
 from ..spmd.shape_rules import (
     broadcast_shape,
@@ -287,9 +287,14 @@ def getitem(x, key):
     if not isinstance(x, DistTensor):
         return np.asarray(x)[key]
     if not all(_basic(k) for k in (key if isinstance(key, tuple) else (key,))):
-        return fallback("getitem[advanced]", operator.getitem, (x, key), {})
+        reason = "integer-array or boolean key: the tensor gathered"
+        return fallback("getitem[advanced]", operator.getitem, (x, key), {}, reason)
     ckey = canonical_key(x.shape, key)
-    out = OPS["getitem"](x, key=ckey)
+    if x._spec.has_shard():  # a slice of a split axis may move data
+        with outside_rules("getitem", "a slice of a split axis: gathered", always=False):
+            out = OPS["getitem"](x, key=ckey)
+    else:
+        out = OPS["getitem"](x, key=ckey)
     if not mutation.is_view_of(out._spec, x._spec):  # Note [Copies where numpy has views]
         mutation.remember_copy(out, x, ckey)
     return out

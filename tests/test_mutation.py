@@ -1,0 +1,103 @@
+"""Writes as numpy does (disttensor/ops/mutation.py): the grid of tests/mutation_cases.py on
+simulated ranks, and the accounting of communication outside rules."""
+
+from __future__ import annotations
+
+import logging
+
+import mutation_cases
+import numpy as np
+import pytest
+from op_cases import S0, every_rank, make_input
+
+import disttensor as dt
+from disttensor import dispatch
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_mutation_grid(world):
+    """Meshes (1), (2), (3), (4), (2, 2) (those fitting the world), every target placement."""
+    counts = dt.simulate(world, mutation_cases.case_mutation, world, exact_size=True)
+    assert min(counts) > 100
+
+
+def test_partial_target_written_as_its_value():
+    """Note [Writes keep the layout]: a Partial(sum) target stays Partial(sum) and reads back
+    the written value (off coordinate 0 the written region holds zeros)."""
+
+    def body():
+        mesh = dt.ProcessMesh([0, 1])
+        x = make_input(np.arange(12.0).reshape(4, 3), mesh, [dt.Partial()])
+        x[1:3, 1] = np.array([-1.0, -2.0])
+        return x.placements, x.to_local()[1:3, 1].tolist(), x.numpy()
+
+    (p0, local0, value), (p1, local1, _) = dt.simulate(2, body)
+    want = np.arange(12.0).reshape(4, 3)
+    want[1:3, 1] = [-1.0, -2.0]
+    assert p0 == p1 == [dt.Partial()]
+    assert local0 == [-1.0, -2.0] and local1 == [0.0, 0.0]
+    np.testing.assert_array_equal(value, want)
+
+
+def test_writes_report_what_gathers():
+    """Note [Communication outside rules]: a write whose key or value has no rule shows in
+    CommCounter().fallbacks and dt.fallback_report(); a local write shows nothing."""
+
+    def body():
+        mesh = dt.ProcessMesh([0, 1])
+        x = make_input(np.arange(12.0).reshape(4, 3), mesh, [S0])
+        with dt.CommCounter() as local:
+            x[x > 5] = 0.0
+            x[1:3] = 2.0
+        with dt.CommCounter() as gathered:
+            x[np.array([0, 3]), np.array([1, 2])] = make_input(np.ones(2), mesh, [S0])
+            w = np.zeros(3)
+            w += x[0]
+        return local.fallbacks, gathered.fallbacks
+
+    local, gathered = every_rank(dt.simulate(2, body))
+    assert local == {}
+    assert ("setitem", "the value of an integer-array or boolean write: gathered") in gathered
+    assert ("add (out=)", "a numpy output array: the global value gathered") in gathered
+    report = dt.fallback_report()
+    assert any(r.op == "setitem" and r.calls >= 2 for r in report.rows)
+    assert "reason" in str(report)
+
+
+def test_fallback_logged_once_per_op_and_reason_on_rank_0(caplog):
+    def body():
+        mesh = dt.ProcessMesh([0, 1, 2])
+        x = make_input(np.arange(9.0), mesh, [S0])
+        np.unwrap(x)
+        np.unwrap(x)
+        np.unwrap(x, discont=2.0)
+
+    dispatch._LOGGED.discard(
+        ("unwrap", "no dt implementation: inputs gathered, computed whole on every rank")
+    )
+    with caplog.at_level(logging.WARNING, logger="disttensor"):
+        dt.simulate(3, body)
+    logged = [r for r in caplog.records if "unwrap" in r.getMessage()]
+    assert len(logged) == 1 and logged[0].threadName == "dt-rank-0", logged
+
+
+@pytest.mark.parametrize(
+    "write,exc,match",
+    [
+        (lambda x: x.__setitem__((slice(None), 0), np.ones(3)), ValueError, "could not broadcast"),
+        (lambda x: x.__setitem__(9, 1.0), IndexError, "out of bounds"),
+        (lambda x: x.__setitem__(np.array([0, 9]), 1.0), IndexError, "out of bounds"),
+        (lambda x: x.__iadd__(np.ones((2, 4, 3))), ValueError, "non-broadcastable output"),
+        (lambda x: np.add(x, 1, out=np.zeros((2, 3))), ValueError, "non-broadcastable output"),
+    ],
+)
+def test_bad_writes_raise_on_every_rank_and_change_nothing(write, exc, match):
+    def body():
+        mesh = dt.ProcessMesh([0, 1])
+        x = make_input(np.arange(12.0).reshape(4, 3), mesh, [S0])
+        with pytest.raises(exc, match=match):
+            write(x)
+        return x.numpy()
+
+    got = every_rank(dt.simulate(2, body))
+    np.testing.assert_array_equal(got, np.arange(12.0).reshape(4, 3))
