@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..autograd import finish_grads, no_grad
+from ..autograd import finish_grads, no_grad, note_mutation
 from ..tensor import DistTensor, reshard
 
 LR = float | Callable[[int], float]
@@ -102,6 +102,7 @@ class Optimizer:
                     continue
                 g = self.grad_of(p)
                 self.update(p, p.to_local(), g, lr)
+                note_mutation(p.to_local())  # a backward through the old value now refuses
 
     def update(self, p: DistTensor, w: np.ndarray, g: np.ndarray, lr: float) -> None:
         """Update the local shard ``w`` in place from the local gradient ``g``."""
