@@ -8,7 +8,20 @@ from . import nn, optim, spmd
 from .autograd import enable_grad, is_grad_enabled, no_grad
 from .comm import RankAborted, barrier, get_rank, get_world_size, simulate
 from .comm.mpi import install_abort_hook
-from .creation import arange, empty, full, manual_seed, ones, rand, randn, zeros
+from .creation import (
+    arange,
+    empty,
+    empty_like,
+    full,
+    full_like,
+    manual_seed,
+    ones,
+    ones_like,
+    rand,
+    randn,
+    zeros,
+    zeros_like,
+)
 from .debug import CommCounter, fallback_report
 from .mesh import ProcessMesh, init_mesh
 from .nn.sharding import shard_layer
@@ -38,9 +51,11 @@ __all__ = [
     "barrier",
     "dtensor_from_local",
     "empty",
+    "empty_like",
     "enable_grad",
     "fallback_report",
     "full",
+    "full_like",
     "get_rank",
     "get_world_size",
     "init_mesh",
@@ -50,6 +65,7 @@ __all__ = [
     "optim",
     "no_grad",
     "ones",
+    "ones_like",
     "rand",
     "randn",
     "reshard",
@@ -58,5 +74,6 @@ __all__ = [
     "simulate",
     "spmd",
     "zeros",
+    "zeros_like",
     *_ops_all,
 ]

@@ -158,3 +158,93 @@ randn = _random(_philox.normal, 1, "randn")
 randn.__doc__ = (
     "Standard normal values; with a seed the same global values on every mesh/placement."
 )
+
+
+# -- like another tensor: its mesh and layout, no communication ---------------------------------
+def _like_spec(a: DistTensor, dtype: Any, shape: Any, device: Any, what: str) -> DistSpec:
+    """``a``'s spec with Partials read as Replicate (a Partial layout would make the value a
+    reduction of the ranks' shards: every rank holding ones would sum to k), another dtype or
+    shape if asked. A new shape keeps ``a``'s placements where they still fit, else
+    Replicate."""
+    if device not in (None, "cpu"):
+        raise ValueError(f"Unsupported device: {device}. Only 'cpu' is accepted.")
+    spec = a.spec.without_partials()
+    if dtype is not None:
+        spec = spec.replace(dtype=np.dtype(dtype))
+    if shape is not None:
+        shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+        if shape != spec.shape:
+            try:
+                spec = DistSpec.make(spec.mesh, spec.placements, shape, spec.dtype, what=what)
+            except ValueError:  # a Shard axis the new shape does not have
+                spec = DistSpec.make(spec.mesh, [Replicate()] * spec.mesh.ndim, shape, spec.dtype)
+    return spec
+
+
+def _like(name: str, fill):
+    def make(a, dtype=None, order="K", subok=True, shape=None, *, device=None, requires_grad=False):
+        if not isinstance(a, DistTensor):
+            return getattr(np, name)(a, dtype, order, subok, shape, device=device)
+        spec = _like_spec(a, dtype, shape, device, name)
+        return from_spec_block(
+            lambda sl: fill(tuple(s.stop - s.start for s in sl), spec.dtype), spec, requires_grad
+        )
+
+    make.__name__ = make.__qualname__ = name
+    return make
+
+
+zeros_like = _like("zeros_like", np.zeros)
+zeros_like.__doc__ = (
+    "``np.zeros_like(a)``: a's mesh and placements (Partials read as Replicate), no communication."
+)
+ones_like = _like("ones_like", np.ones)
+ones_like.__doc__ = (
+    "``np.ones_like(a)``: a's mesh and placements (Partials read as Replicate, so the global "
+    "value is ones), no communication."
+)
+empty_like = _like("empty_like", np.empty)
+empty_like.__doc__ = (
+    "``np.empty_like(prototype)``: a's mesh and placements (Partials read as Replicate), "
+    "values unset, no communication."
+)
+
+
+def full_like(
+    a: Any,
+    fill_value: Any,
+    dtype: Any = None,
+    order: str = "K",
+    subok: bool = True,
+    shape: Any = None,
+    *,
+    device: Any = None,
+    requires_grad: bool = False,
+) -> Any:
+    """``np.full_like(a, fill_value)``: a's mesh and placements (Partials read as Replicate, so
+    the global value is ``fill_value``), no communication (a DistTensor ``fill_value`` is
+    gathered first).
+
+    >>> import disttensor as dt
+    >>> x = dt.ones((2, 3), mesh=dt.ProcessMesh([0]), placements=[dt.Partial()])
+    >>> y = dt.full_like(x, 7, dtype=int)
+    >>> y.placements, y.to_local()
+    ([Replicate()], array([[7, 7, 7],
+           [7, 7, 7]]))
+    """
+    if not isinstance(a, DistTensor):
+        if isinstance(fill_value, DistTensor):
+            fill_value = fill_value.numpy()
+        return np.full_like(a, fill_value, dtype, order, subok, shape, device=device)
+    spec = _like_spec(a, dtype, shape, device, "full_like")
+    if isinstance(fill_value, DistTensor):
+        fill_value = fill_value.numpy()  # collective over its mesh
+    value = np.asarray(fill_value)
+    if value.ndim:  # an array broadcast to the shape (numpy's error when it does not fit)
+        value = np.broadcast_to(value, spec.shape)
+        return from_spec_block(lambda sl: value[sl], spec, requires_grad)
+    return from_spec_block(
+        lambda sl: np.full(tuple(s.stop - s.start for s in sl), value, spec.dtype),
+        spec,
+        requires_grad,
+    )

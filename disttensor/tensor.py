@@ -84,18 +84,22 @@ class DistTensor:
 
     @property
     def shape(self) -> tuple[int, ...]:
+        """The global shape (no communication)."""
         return self._spec.shape
 
     @property
     def dtype(self) -> np.dtype:
+        """The dtype (no communication)."""
         return self._spec.dtype
 
     @property
     def ndim(self) -> int:
+        """The number of axes (no communication)."""
         return len(self._spec.shape)
 
     @property
     def size(self) -> int:
+        """The number of elements of the global value (no communication)."""
         return math.prod(self._spec.shape)
 
     @property
@@ -111,9 +115,93 @@ class DistTensor:
         return self._local.shape
 
     def __len__(self) -> int:
+        """The length of the first axis (no communication)."""
         if not self.shape:
             raise TypeError("len() of a 0-d DistTensor")
         return self.shape[0]
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element, as numpy (no communication)."""
+        return self._spec.dtype.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the global value, ``size * itemsize`` (no communication)."""
+        return self.size * self._spec.dtype.itemsize
+
+    @property
+    def flags(self):
+        """numpy's memory flags (no communication): see ops/ndarray.py ``Flags``."""
+        return _nd().Flags(self)
+
+    def setflags(self, write=None, align=None, uic=None) -> None:
+        """numpy's ``setflags``, on every rank's shard (``write=False``: read-only)."""
+        _nd().setflags(self, write, align, uic)
+
+    @property
+    def device(self) -> str:
+        """``"cpu"``, numpy's only device."""
+        return "cpu"
+
+    def to_device(self, device, /, *, stream=None) -> DistTensor:
+        """``x.to_device("cpu")`` is ``x``, as numpy; other devices raise ValueError."""
+        return _nd().to_device(self, device, stream)
+
+    @property
+    def mT(self) -> DistTensor:
+        """The last two axes swapped (``np.matrix_transpose``)."""
+        return _nd().mT(self)
+
+    @property
+    def real(self) -> DistTensor:
+        """The real part (elementwise op; a real tensor's own values)."""
+        return _EW["real"](self)
+
+    @real.setter
+    def real(self, value) -> None:
+        """``x.real = value`` writes the real part in place (aliases see it)."""
+        _nd().set_real(self, value)
+
+    @property
+    def imag(self) -> DistTensor:
+        """The imaginary part (elementwise op; zeros for a real tensor)."""
+        return _EW["imag"](self)
+
+    @imag.setter
+    def imag(self, value) -> None:
+        """``x.imag = value`` writes the imaginary part of a complex tensor in place."""
+        _nd().set_imag(self, value)
+
+    @property
+    def flat(self):
+        """The elements in C order: iterable, indexable and writable (ops/ndarray.py FlatIter)."""
+        return _nd().FlatIter(self)
+
+    @flat.setter
+    def flat(self, value) -> None:
+        """``x.flat = value`` sets every element, values repeated as numpy does, in place."""
+        _nd().FlatIter(self)[:] = value
+
+    @property
+    def strides(self):
+        """Refused (NotImplementedError): a DistTensor has no global memory layout."""
+        raise _nd().refused("strides")
+
+    @property
+    def ctypes(self):
+        """Refused (NotImplementedError): there is no global buffer to hand to C."""
+        raise _nd().refused("ctypes")
+
+    @property
+    def data(self):
+        """Refused (NotImplementedError): there is no global buffer to expose."""
+        raise _nd().refused("data")
+
+    @property
+    def base(self):
+        """Refused (NotImplementedError): DistTensors do not record which tensor they view."""
+        raise _nd().refused("base")
 
     # -- values ------------------------------------------------------------------------------
     def to_local(self) -> np.ndarray:
@@ -268,48 +356,95 @@ class DistTensor:
 
     __hash__ = None  # type: ignore[assignment]  # == is elementwise, as in numpy
 
-    def sum(self, axis=None, keepdims=False):
-        return _ops().sum(self, axis, keepdims)
+    # numpy's signatures; extra arguments (dtype=, out=, where=, ...) go through numpy's
+    # function and __array_function__ (ops/ndarray.py: an op, else the exact fallback)
+    def sum(self, axis=None, dtype=None, out=None, keepdims=False, **kwargs):
+        """``np.sum``; over a split axis the result is Partial(sum), no communication."""
+        if dtype is None and out is None and not kwargs:
+            return _ops().sum(self, axis, keepdims)
+        return np.sum(self, axis=axis, dtype=dtype, out=out, keepdims=keepdims, **kwargs)
 
-    def mean(self, axis=None, keepdims=False):
-        return _ops().mean(self, axis, keepdims)
+    def mean(self, axis=None, dtype=None, out=None, keepdims=False, **kwargs):
+        """``np.mean``; over a split axis the result is Partial(avg), no communication."""
+        if dtype is None and out is None and not kwargs:
+            return _ops().mean(self, axis, keepdims)
+        return np.mean(self, axis=axis, dtype=dtype, out=out, keepdims=keepdims, **kwargs)
 
-    def max(self, axis=None, keepdims=False):
-        return _ops().max(self, axis, keepdims)
+    def max(self, axis=None, out=None, keepdims=False, **kwargs):
+        """``np.max``; over a split axis the result is Partial(max)."""
+        if out is None and not kwargs:
+            return _ops().max(self, axis, keepdims)
+        return np.max(self, axis=axis, out=out, keepdims=keepdims, **kwargs)
 
-    def min(self, axis=None, keepdims=False):
-        return _ops().min(self, axis, keepdims)
+    def min(self, axis=None, out=None, keepdims=False, **kwargs):
+        """``np.min``; over a split axis the result is Partial(min)."""
+        if out is None and not kwargs:
+            return _ops().min(self, axis, keepdims)
+        return np.min(self, axis=axis, out=out, keepdims=keepdims, **kwargs)
 
-    def prod(self, axis=None, keepdims=False):
-        return _ops().prod(self, axis, keepdims)
+    def prod(self, axis=None, dtype=None, out=None, keepdims=False, **kwargs):
+        """``np.prod`` (a reduced axis is gathered first)."""
+        if dtype is None and out is None and not kwargs:
+            return _ops().prod(self, axis, keepdims)
+        return np.prod(self, axis=axis, dtype=dtype, out=out, keepdims=keepdims, **kwargs)
 
-    def all(self, axis=None, keepdims=False):
-        return _ops().all(self, axis, keepdims)
+    def all(self, axis=None, out=None, keepdims=False, **kwargs):
+        """``np.all``; over a split axis the result is Partial(min) of bools."""
+        if out is None and not kwargs:
+            return _ops().all(self, axis, keepdims)
+        return np.all(self, axis=axis, out=out, keepdims=keepdims, **kwargs)
 
-    def any(self, axis=None, keepdims=False):
-        return _ops().any(self, axis, keepdims)
+    def any(self, axis=None, out=None, keepdims=False, **kwargs):
+        """``np.any``; over a split axis the result is Partial(max) of bools."""
+        if out is None and not kwargs:
+            return _ops().any(self, axis, keepdims)
+        return np.any(self, axis=axis, out=out, keepdims=keepdims, **kwargs)
 
-    def argmax(self, axis=None, keepdims=False):
-        return _ops().argmax(self, axis, keepdims)
+    def argmax(self, axis=None, out=None, *, keepdims=False):
+        """``np.argmax`` (axis None or an int)."""
+        if out is None:
+            return _ops().argmax(self, axis, keepdims)
+        return np.argmax(self, axis=axis, out=out, keepdims=keepdims)
 
-    def argmin(self, axis=None, keepdims=False):
-        return _ops().argmin(self, axis, keepdims)
+    def argmin(self, axis=None, out=None, *, keepdims=False):
+        """``np.argmin`` (axis None or an int)."""
+        if out is None:
+            return _ops().argmin(self, axis, keepdims)
+        return np.argmin(self, axis=axis, out=out, keepdims=keepdims)
 
-    def var(self, axis=None, ddof=0, keepdims=False):
-        return _ops().var(self, axis, ddof, keepdims)
+    def var(self, axis=None, dtype=None, out=None, ddof=0, keepdims=False, **kwargs):
+        """``np.var``, written with dt ops (works on every placement)."""
+        if dtype is None and out is None and not kwargs:
+            return _ops().var(self, axis, ddof, keepdims)
+        kwargs.update(axis=axis, dtype=dtype, out=out, ddof=ddof, keepdims=keepdims)
+        return np.var(self, **kwargs)
 
-    def std(self, axis=None, ddof=0, keepdims=False):
-        return _ops().std(self, axis, ddof, keepdims)
+    def std(self, axis=None, dtype=None, out=None, ddof=0, keepdims=False, **kwargs):
+        """``np.std``: the square root of ``var``."""
+        if dtype is None and out is None and not kwargs:
+            return _ops().std(self, axis, ddof, keepdims)
+        kwargs.update(axis=axis, dtype=dtype, out=out, ddof=ddof, keepdims=keepdims)
+        return np.std(self, **kwargs)
 
-    def astype(self, dtype):
-        return _ops().astype(self, dtype)
+    def astype(self, dtype, order="K", casting="unsafe", subok=True, copy=True):
+        """``x.astype(dtype)``, numpy's ``casting`` check; ``copy=False`` may return ``x``."""
+        if casting == "unsafe" and copy:
+            return _ops().astype(self, dtype)
+        return _nd().astype(self, dtype, casting, copy)
 
-    def clip(self, a_min=None, a_max=None):
-        return _ops().clip(self, a_min, a_max)
+    def clip(self, min=None, max=None, out=None, **kwargs):
+        """``np.clip``; bounds may be scalars or tensors (``a_min``/``a_max`` too)."""
+        lo, hi = kwargs.pop("a_min", min), kwargs.pop("a_max", max)
+        if out is None and not kwargs:
+            return _ops().clip(self, lo, hi)
+        return np.clip(self, lo, hi, out=out, **kwargs)
 
-    def reshape(self, *shape):
-        """``x.reshape(2, 3)`` or ``x.reshape((2, 3))``, as in numpy."""
-        return _ops().reshape(self, shape[0] if len(shape) == 1 else shape)
+    def reshape(self, *shape, order="C", copy=None):
+        """``x.reshape(2, 3)`` or ``x.reshape((2, 3))``, as in numpy (``order="F"`` too)."""
+        shape = shape[0] if len(shape) == 1 else shape
+        if order == "C" and copy is None:
+            return _ops().reshape(self, shape)
+        return _nd().reshape(self, shape, order, copy)
 
     def transpose(self, *axes):
         """``x.transpose()``, ``x.transpose(1, 0)`` or ``x.transpose((1, 0))``."""
@@ -319,22 +454,186 @@ class DistTensor:
 
     @property
     def T(self):
+        """The axes reversed (``x.transpose()``)."""
         return _ops().transpose(self)
 
-    def flatten(self):
-        return _ops().flatten(self)
+    def flatten(self, order="C"):
+        """A 1-D copy of the elements (``order="F"``: column-major)."""
+        if order == "C":
+            return _ops().flatten(self)
+        return _nd().in_order(self, order, _ops().flatten)
 
-    def ravel(self):
-        return _ops().ravel(self)
+    def ravel(self, order="C"):
+        """The elements as a 1-D tensor (``order="F"``: column-major)."""
+        if order == "C":
+            return _ops().ravel(self)
+        return _nd().in_order(self, order, _ops().ravel)
 
     def repeat(self, repeats, axis=None):
+        """``np.repeat``."""
         return _ops().repeat(self, repeats, axis)
 
     def squeeze(self, axis=None):
+        """``np.squeeze``."""
         return _ops().squeeze(self, axis)
 
     def swapaxes(self, axis1, axis2):
+        """``np.swapaxes``."""
         return _ops().swapaxes(self, axis1, axis2)
+
+    # -- the rest of numpy.ndarray (ops/ndarray.py) -------------------------------------------
+    def conj(self):
+        """The complex conjugate (elementwise op)."""
+        return _EW["conjugate"](self)
+
+    def conjugate(self):
+        """The complex conjugate (elementwise op)."""
+        return _EW["conjugate"](self)
+
+    def round(self, decimals=0, out=None):
+        """``np.round``: elementwise, on any placements."""
+        if out is None:
+            return _nd().round_(self, decimals)
+        return np.round(self, decimals=decimals, out=out)
+
+    def __round__(self, ndigits=None):
+        """``round(x, n)``: ``x.round(n)`` as a DistTensor (numpy arrays do not define it)."""
+        return _nd().round_(self, ndigits or 0)
+
+    def dot(self, b, out=None):
+        """``np.dot(x, b)``."""
+        if out is None:
+            return _ops().dot(self, b)
+        return np.dot(self, b, out=out)
+
+    def diagonal(self, offset=0, axis1=0, axis2=1):
+        """``np.diagonal`` (a square matrix's main diagonal by einsum, else the fallback)."""
+        return np.diagonal(self, offset=offset, axis1=axis1, axis2=axis2)
+
+    def trace(self, offset=0, axis1=0, axis2=1, dtype=None, out=None):
+        """``np.trace`` (a square float matrix's by einsum, else the fallback)."""
+        return np.trace(self, offset=offset, axis1=axis1, axis2=axis2, dtype=dtype, out=out)
+
+    def cumsum(self, axis=None, dtype=None, out=None):
+        """``np.cumsum`` (the replicate fallback)."""
+        return np.cumsum(self, axis=axis, dtype=dtype, out=out)
+
+    def cumprod(self, axis=None, dtype=None, out=None):
+        """``np.cumprod`` (the replicate fallback)."""
+        return np.cumprod(self, axis=axis, dtype=dtype, out=out)
+
+    def argsort(self, axis=-1, kind=None, order=None, *, stable=None):
+        """``np.argsort``: lanes along ``axis`` on the ranks holding them."""
+        return np.argsort(self, axis=axis, kind=kind, order=order, stable=stable)
+
+    def argpartition(self, kth, axis=-1, kind="introselect", order=None):
+        """``np.argpartition``: lanes along ``axis`` on the ranks holding them."""
+        return np.argpartition(self, kth, axis=axis, kind=kind, order=order)
+
+    def sort(self, axis=-1, kind=None, order=None, *, stable=None) -> None:
+        """Sort in place along ``axis`` (aliases see it); lanes on the ranks holding them."""
+        _nd().sort_in_place(self, axis, kind, order, stable)
+
+    def partition(self, kth, axis=-1, kind="introselect", order=None) -> None:
+        """``np.partition`` in place along ``axis`` (aliases see it)."""
+        _nd().partition_in_place(self, kth, axis, kind, order)
+
+    def take(self, indices, axis=None, out=None, mode="raise"):
+        """``np.take``: along a whole axis on every shard (the other axes keep their split)."""
+        return np.take(self, indices, axis=axis, out=out, mode=mode)
+
+    def put(self, indices, values, mode="raise") -> None:
+        """``np.put``: flat positions set in place, each rank writing those it holds."""
+        _nd().put(self, indices, values, mode)
+
+    def choose(self, choices, out=None, mode="raise"):
+        """``np.choose`` (the replicate fallback)."""
+        return np.choose(self, choices, out=out, mode=mode)
+
+    def compress(self, condition, axis=None, out=None):
+        """``np.compress`` (the replicate fallback)."""
+        return np.compress(condition, self, axis=axis, out=out)
+
+    def nonzero(self):
+        """``np.nonzero`` (the replicate fallback: Replicate index tensors)."""
+        return np.nonzero(self)
+
+    def searchsorted(self, v, side="left", sorter=None):
+        """``np.searchsorted`` (the replicate fallback)."""
+        return np.searchsorted(self, v, side=side, sorter=sorter)
+
+    def fill(self, value) -> None:
+        """Set every element to the scalar ``value`` in place, no communication."""
+        _nd().fill(self, value)
+
+    def copy(self, order="C") -> DistTensor:
+        """A copy of every rank's shard, same placements, no communication."""
+        return _nd().copy(self)
+
+    def __copy__(self) -> DistTensor:
+        """``copy.copy(x)``: ``x.copy()``."""
+        return _nd().copy(self)
+
+    def __deepcopy__(self, memo) -> DistTensor:
+        """``copy.deepcopy(x)``: a new leaf with copies of the shard and of ``.grad``."""
+        return _nd().deepcopy(self, memo)
+
+    def view(self, dtype=None, type=None) -> DistTensor:
+        """A DistTensor sharing every rank's shard memory, possibly as another dtype."""
+        return _nd().view(self, dtype, type)
+
+    def getfield(self, dtype, offset=0) -> DistTensor:
+        """Each element's bytes at ``offset`` read as ``dtype``, on every shard."""
+        return _nd().getfield(self, dtype, offset)
+
+    def setfield(self, val, dtype, offset=0) -> None:
+        """Write ``val`` into each element's bytes at ``offset`` as ``dtype``, in place."""
+        _nd().setfield(self, val, dtype, offset)
+
+    def byteswap(self, inplace=False) -> DistTensor:
+        """Each element's bytes swapped; ``inplace=True`` writes them into ``x``."""
+        return _nd().byteswap(self, inplace)
+
+    def resize(self, *new_shape, refcheck=True) -> None:
+        """Change shape and size in place, as numpy (C order, zeros appended)."""
+        shape = new_shape[0] if len(new_shape) == 1 else (new_shape or None)
+        _nd().resize(self, shape, refcheck)
+
+    def tolist(self):
+        """The global value as nested Python lists (collective)."""
+        return self.numpy().tolist()
+
+    def tobytes(self, order="C") -> bytes:
+        """The global value's bytes (collective)."""
+        return self.numpy().tobytes(order)
+
+    def dumps(self) -> bytes:
+        """The gathered value pickled, as ``ndarray.dumps`` (collective)."""
+        return self.numpy().dumps()
+
+    def dump(self, file) -> None:
+        """The gathered value pickled to ``file`` (collective; one rank writes a path)."""
+        _nd().dump(self, file)
+
+    def tofile(self, fid, sep="", format="%s") -> None:
+        """The gathered value written to ``fid`` (collective; one rank writes a path)."""
+        _nd().tofile(self, fid, sep, format)
+
+    def __iter__(self):
+        """``x[0], x[1], ...`` along the first axis (a 0-d tensor raises TypeError)."""
+        return _nd().iterate(self)
+
+    def __contains__(self, value) -> bool:
+        """``value in x``: ``(x == value).any()`` (collective)."""
+        return _nd().contains(self, value)
+
+    def __index__(self) -> int:
+        """A 0-d integer tensor as an index (collective); others raise TypeError."""
+        return _nd().index(self)
+
+    def __format__(self, spec: str) -> str:
+        """A 0-d tensor formats its value (``f"{loss:.4f}"``); others only as ``str(x)``."""
+        return _nd().format_(self, spec)
 
     def __getitem__(self, key):
         return _ops().getitem(self, key)
@@ -407,9 +706,9 @@ class DistTensor:
     def __complex__(self):
         return self._scalar(complex)
 
-    def item(self):
-        """The value of a one-element tensor as a Python scalar (collective)."""
-        return self._scalar(lambda v: v.item())
+    def item(self, *args):
+        """One element as a Python scalar, as numpy (collective: only that element moves)."""
+        return _nd().item(self, *args)
 
 
 def _check_grad_dtype(dtype: np.dtype) -> None:
@@ -421,6 +720,11 @@ def _check_grad_dtype(dtype: np.dtype) -> None:
 
 
 _OPS = None
+
+
+def _nd():
+    """ops/ndarray.py: the rest of numpy.ndarray's surface (reached lazily, as the op set)."""
+    return _ops().ndarray
 
 
 def _ops():

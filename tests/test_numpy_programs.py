@@ -319,11 +319,10 @@ def test_power_iteration_product_is_local(n):
         np.testing.assert_allclose(v, want, rtol=1e-13)
 
 
-# -- known gaps: numpy idioms that do not work on DistTensors yet ------------------------------
-# numpy functions that write into their argument. Through the replicate fallback they write
-# into a gathered copy, so on more than one rank the DistTensor is left unchanged, silently
-# (one rank passes its own shard and works). E.g. CS231n's word-embedding backward,
-# ``dW = np.zeros_like(W); np.add.at(dW, x, dout)``, gives a zero gradient.
+# -- numpy functions that write into their argument ----------------------------------------------
+# They must write into the DistTensor itself, not into a gathered copy (which would leave it
+# unchanged on 2+ ranks, silently). E.g. CS231n's word-embedding backward,
+# ``dW = np.zeros_like(W); np.add.at(dW, x, dout)``.
 WRITING_FUNCTIONS = {
     "np.add.at": lambda x: np.add.at(x, ([0, 2, 2], [1, 1, 1]), 1.0),
     "np.copyto": lambda x: np.copyto(x, 7.0),
@@ -341,11 +340,6 @@ def _write_with(name: str) -> np.ndarray:
     return np.asarray(x)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="numpy functions that write into their argument go through the replicate "
-    "fallback and write a gathered copy: the DistTensor is unchanged on 2+ ranks",
-)
 @pytest.mark.parametrize("name", list(WRITING_FUNCTIONS))
 def test_numpy_functions_that_write_into_their_argument(name):
     want = np.arange(16.0).reshape(4, 4)
@@ -360,8 +354,5 @@ def _progress_line() -> str:
     return f"iteration 0: loss {loss:.4f}"  # a format spec, as numpy 0-d arrays take
 
 
-@pytest.mark.xfail(
-    strict=True, raises=TypeError, reason="DistTensor.__format__ takes no format spec"
-)
 def test_a_scalar_result_formats_like_numpy():
     assert dt.simulate(2, _progress_line) == ["iteration 0: loss 2.0000"] * 2

@@ -312,22 +312,32 @@ def test_one_reshard_per_input_with_gradients():
 
 
 def test_fallback_counts_and_logs_once(caplog):
-    dispatch.FALLBACKS.pop("cumsum", None)  # logged once per op name: start from unseen
+    """A numpy function dt does not implement: the replicate fallback, exact, counted per
+    call (with its bytes) and logged once per (op, reason), by rank 0 only."""
+    key = ("unwrap", "no dt implementation: inputs gathered, computed whole on every rank")
+    dispatch.FALLBACKS.pop("unwrap", None)
+    dispatch.FALLBACK_LOG.pop(key, None)
+    dispatch._LOGGED.discard(key)  # logged once: start from unseen
 
     def body(mesh):
-        g = np.arange(10.0).reshape(5, 2)
+        g = np.arange(10.0).reshape(5, 2) ** 2
         x = make_input(g, mesh, [PSUM])
-        out = [np.cumsum(x), np.cumsum(x, axis=1)]
+        with dt.CommCounter() as cc:
+            out = [np.unwrap(x), np.unwrap(x, axis=0)]
         assert all(isinstance(o, dt.DistTensor) and o.placements == [R] for o in out)
-        assert_close(out[0].numpy(), np.cumsum(g), "cumsum")
-        assert_close(out[1].numpy(), np.cumsum(g, axis=1), "cumsum axis=1")
+        assert_close(out[0].numpy(), np.unwrap(g), "unwrap")
+        assert_close(out[1].numpy(), np.unwrap(g, axis=0), "unwrap axis=0")
+        return cc.fallbacks, cc.total_bytes
 
     with caplog.at_level(logging.WARNING, logger="disttensor"):
-        simulate_on((2,), body)
-    assert dispatch.FALLBACKS["cumsum"] == 2 * 2  # two calls on each of two ranks
-    logged = [r for r in caplog.records if "cumsum" in r.getMessage()]
-    assert len(logged) == 1 and logged[0].levelno == logging.WARNING
-    assert "no SPMD rule" in logged[0].getMessage()
+        seen = simulate_on((2,), body)
+    assert dispatch.FALLBACKS["unwrap"] == 2 * 2  # two calls on each of two ranks
+    assert dispatch.FALLBACK_LOG[key] == [4, sum(b for _, b in seen)]  # calls, bytes
+    assert all(f == {key: 2} for f, _ in seen)
+    logged = [r for r in caplog.records if "unwrap" in r.getMessage()]
+    assert len(logged) == 1 and logged[0].levelno == logging.WARNING, logged
+    assert logged[0].threadName == "dt-rank-0"
+    assert key[1] in logged[0].getMessage()
 
 
 def test_concatenate_interop():

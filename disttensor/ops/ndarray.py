@@ -1,0 +1,1144 @@
+"""The rest of ``numpy.ndarray``'s surface on DistTensors, and the table of the numpy functions
+dt implements, keyed by the function objects themselves (``__array_function__``).
+
+Each public attribute of ``numpy.ndarray`` is, on a DistTensor (tensor.py delegates here):
+
+* metadata, read with no communication (``shape``, ``nbytes``, ``flags``, ``device``, ...);
+* an op with a rule (``x.conj()``, ``x.round(2)``, ``x.dot(y)``, ``x.diagonal()`` of a square
+  matrix), or numpy's function through ``__array_function__`` (NUMPY_TABLE below, else the
+  counted replicate fallback, which is numpy's exact result), which also writes ``out=``;
+* a local computation: ``copy``, ``view``, ``getfield``, ``byteswap`` on each shard, and
+  ``sort``/``argsort``/``partition``/``argpartition``/``take`` along an axis made whole first
+  (Note [Along one axis]);
+* a write through ops/mutation.py, so every alias sees it: ``fill``, ``sort``, ``partition``,
+  ``put``, ``setfield``, ``byteswap(inplace=True)``, ``x.flat[i] = v``; ``resize`` replaces
+  the tensor's shard and spec in place;
+* a collective conversion to Python: ``tolist``, ``item``, ``tobytes``, ``dumps``, ``dump``,
+  ``tofile``, ``format(x, spec)``;
+* refused with a reason (REFUSED): ``strides``, ``ctypes``, ``data``, ``base``.
+
+Note [Along one axis]
+    sort, argsort, partition, argpartition and take treat each 1-D lane along ``axis`` on its
+    own. With that axis whole on every rank (the mesh dims that split it gathered, an
+    all-gather over those mesh dims only) each rank computes its own lanes with numpy, and
+    the result keeps the other axes' splits. Partial inputs are reduced first, except for
+    take, which only moves elements (so every Partial passes through exactly).
+
+Note [numpy functions by identity]
+    ``__array_function__`` receives numpy's function object. NUMPY_TABLE maps each function
+    dt implements to its implementation; every other function, however it is named, takes
+    the replicate fallback, which computes numpy's own result: ``np.emath.sqrt`` of negative
+    numbers is complex there, where dt's (real) ``sqrt`` would give NaN. An implementation
+    takes numpy's signature and raises ``Unsupported`` for arguments it does not handle
+    (``dtype=``, ``order='F'``, ...), which sends the call to the fallback too.
+
+>>> import numpy as np, disttensor as dt
+>>> def program():
+...     mesh = dt.ProcessMesh([0, 1])
+...     x = dt.shard_tensor(np.array([[3.0, 1.0, 2.0], [9.0, 7.0, 8.0]]), mesh, [dt.Shard(0)])
+...     y = x            # an alias
+...     y.sort(axis=1)   # each rank sorts the rows it holds: no communication
+...     return x.tolist(), x.nbytes, x.copy().placements
+>>> dt.simulate(2, program)[0]
+([[1.0, 2.0, 3.0], [7.0, 8.0, 9.0]], 48, [Shard(dim=0)])
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import operator
+import os
+from collections.abc import Callable
+from typing import Any, ClassVar, NamedTuple
+
+import numpy as np
+from numpy.lib.array_utils import normalize_axis_index
+
+from .. import autograd, comm, creation
+from ..dispatch import fallback, outside_rules
+from ..placement import Replicate, Shard
+from ..tensor import DistTensor, reshard
+from . import linalg as la
+from . import mutation
+from . import reduction as red
+from . import shape as sh
+from .elementwise import OPS as EW
+from .elementwise import astype as _astype
+from .elementwise import clip as _clip
+from .elementwise import where as _where
+
+_R = Replicate()
+_type = type  # the builtin, for functions with numpy's ``type`` parameter
+
+
+class Unsupported(TypeError):
+    """Arguments an implementation does not take: ``__array_function__`` then runs numpy's
+    function through the replicate fallback (exact)."""
+
+
+# -- refused attributes ----------------------------------------------------------------------
+REFUSED = {
+    "strides": "a DistTensor has no global memory layout (each rank holds its shard in a "
+    "buffer of its own), so global strides mean nothing; x.to_local().strides are this rank's",
+    "ctypes": "there is no global buffer to hand to C code; use x.to_local().ctypes for this "
+    "rank's shard, or x.numpy().ctypes for a gathered copy (collective)",
+    "data": "there is no global buffer to expose; use x.to_local().data for this rank's "
+    "shard, or x.numpy().data for a gathered copy (collective)",
+    "base": "DistTensors do not record which tensor they view (a shard may be a view, a copy "
+    "or data fetched from other ranks, depending on the placements), so there is no base to "
+    "report",
+}
+
+
+def refused(name: str) -> NotImplementedError:
+    """The error of a refused ``numpy.ndarray`` attribute, naming it and why."""
+    return NotImplementedError(f"DistTensor.{name} is not supported: {REFUSED[name]}")
+
+
+# -- small helpers ----------------------------------------------------------------------------
+def _coord(spec) -> tuple[int, ...] | None:
+    return spec.mesh.get_coord(comm.get_rank())
+
+
+def _make(local: Any, spec) -> DistTensor:
+    """A DistTensor of this rank's result ``local`` (ranks outside the mesh: an empty shard)."""
+    if _coord(spec) is None:
+        local = np.empty(spec.local_shape(None), spec.dtype)
+    return DistTensor(np.asarray(local), spec)
+
+
+def _to(x: DistTensor, placements: list) -> DistTensor:
+    """``x`` with ``placements`` (itself when it has them already)."""
+    return x if tuple(placements) == x._spec.placements else reshard(x, x.mesh, placements)
+
+
+def _plain(x: DistTensor) -> DistTensor:
+    """``x`` with its Partial mesh dims reduced: for ops that are not linear (bit-level)."""
+    return _to(x, list(x._spec.without_partials().placements))
+
+
+def _no_gradient(name: str, inputs: tuple, out: DistTensor) -> DistTensor:
+    """Record ``out`` as made by ``name``, which has no gradient: a backward through it
+    refuses (instead of silently cutting the graph)."""
+    if out.dtype.kind in "fc" and autograd.is_grad_enabled():
+        if any(getattr(t, "requires_grad", False) for t in inputs):
+            autograd.record(name, inputs, (out,), None)
+    return out
+
+
+def _gathered(v: Any, name: str) -> Any:
+    """A DistTensor argument's global value (collective, accounted: Note [Communication
+    outside rules] in dispatch.py); anything else as it is."""
+    if not isinstance(v, DistTensor):
+        return v
+    with outside_rules(name, "a DistTensor argument: gathered", always=False):
+        return v.numpy()
+
+
+# -- metadata (no communication) --------------------------------------------------------------
+class Flags:
+    """``x.flags``: the memory flags numpy shows, read live. Contiguity describes the global
+    value as ``x.numpy()`` lays it out (C order); ``writeable``, ``aligned`` and ``owndata``
+    are those of this rank's shard, and setting ``writeable``/``aligned``
+    (``x.flags.writeable = False``, ``x.flags["W"] = False``) sets them on every shard, as
+    ``x.setflags`` does."""
+
+    _KEYS: ClassVar[dict[str, str]] = {
+        "C_CONTIGUOUS": "c_contiguous",
+        "F_CONTIGUOUS": "f_contiguous",
+        "OWNDATA": "owndata",
+        "WRITEABLE": "writeable",
+        "ALIGNED": "aligned",
+        "WRITEBACKIFCOPY": "writebackifcopy",
+        "FNC": "fnc",
+        "FORC": "forc",
+        "BEHAVED": "behaved",
+        "CARRAY": "carray",
+        "FARRAY": "farray",
+        "C": "c_contiguous",
+        "F": "f_contiguous",
+        "O": "owndata",
+        "W": "writeable",
+        "A": "aligned",
+        "X": "writebackifcopy",
+    }
+    __slots__ = ("_x",)
+
+    def __init__(self, x: DistTensor) -> None:
+        object.__setattr__(self, "_x", x)
+
+    c_contiguous = property(lambda self: True)
+    # numpy: a C-contiguous array is F-contiguous too when at most one axis is longer than 1
+    f_contiguous = property(lambda self: sum(n > 1 for n in self._x.shape) <= 1)
+    owndata = property(lambda self: self._x.to_local().flags.owndata)
+    writeable = property(lambda self: self._x.to_local().flags.writeable)
+    aligned = property(lambda self: self._x.to_local().flags.aligned)
+    writebackifcopy = property(lambda self: False)
+    fnc = property(lambda self: self.f_contiguous and not self.c_contiguous)
+    forc = property(lambda self: True)
+    behaved = property(lambda self: self.aligned and self.writeable)
+    carray = property(lambda self: self.behaved and self.c_contiguous)
+    farray = property(lambda self: self.behaved and self.fnc)
+
+    def __getitem__(self, key: str) -> bool:
+        name = self._KEYS.get(str(key).upper())
+        if name is None:
+            raise KeyError(f"Unknown flag {key!r}")
+        return getattr(self, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        flag = {"writeable": "write", "aligned": "align", "writebackifcopy": "uic"}.get(name)
+        if flag is None:
+            raise AttributeError(f"attribute {name!r} of flags is not writable")
+        setflags(self._x, **{flag: value})
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        name = self._KEYS.get(str(key).upper())
+        if name is None:
+            raise KeyError(f"Unknown flag {key!r}")
+        setattr(self, name, value)
+
+    def __repr__(self) -> str:
+        keys = ("C_CONTIGUOUS", "F_CONTIGUOUS", "OWNDATA", "WRITEABLE", "ALIGNED")
+        return "".join(f"  {k} : {self[k]}\n" for k in (*keys, "WRITEBACKIFCOPY"))
+
+
+def setflags(x: DistTensor, write: Any = None, align: Any = None, uic: Any = None) -> None:
+    """``x.setflags``: numpy's flags set on this rank's shard (every rank does the same)."""
+    x.to_local().setflags(write=write, align=align, uic=uic)
+
+
+def mT(x: DistTensor) -> DistTensor:
+    """``x.mT``: the last two axes swapped."""
+    if x.ndim < 2:
+        raise ValueError("matrix transpose with ndim < 2 is undefined")
+    return sh.swapaxes(x, -2, -1)
+
+
+def to_device(x: DistTensor, device: Any, stream: Any = None) -> DistTensor:
+    """``x.to_device("cpu")``: ``x`` itself, as numpy's only device is the CPU."""
+    if stream is not None:
+        raise ValueError("The stream argument in to_device() is not supported")
+    if device != "cpu":
+        raise ValueError(f"Unsupported device: {device}. Only 'cpu' is accepted.")
+    return x
+
+
+def set_real(x: DistTensor, value: Any) -> None:
+    """``x.real = value``: in place (the imaginary part of a complex tensor kept)."""
+    if x.dtype.kind == "c":
+        value = EW["add"](value, EW["multiply"](EW["imag"](x), 1j))
+    mutation.assign(x, value)
+
+
+def set_imag(x: DistTensor, value: Any) -> None:
+    """``x.imag = value``: in place, complex tensors only (numpy's TypeError otherwise)."""
+    if x.dtype.kind != "c":
+        raise TypeError("array does not have imaginary part to set")
+    mutation.assign(x, EW["add"](EW["real"](x), EW["multiply"](value, 1j)))
+
+
+# -- methods with numpy's other arguments ---------------------------------------------------------
+def astype(x: DistTensor, dtype: Any, casting: str = "unsafe", copy: bool = True) -> DistTensor:
+    """``x.astype(dtype, casting=..., copy=...)``: numpy's casting check; ``copy=False``
+    returns ``x`` when it has the dtype already."""
+    dtype = np.dtype(dtype)
+    if not np.can_cast(x.dtype, dtype, casting):
+        raise TypeError(
+            f"Cannot cast array data from {x.dtype!r} to {dtype!r} according to the rule "
+            f"{casting!r}"
+        )
+    return x if dtype == x.dtype and not copy else _astype(x, dtype)
+
+
+def in_order(x: DistTensor, order: str, fn: Callable) -> DistTensor:
+    """``fn`` (ravel/flatten) of ``x`` read in ``order``: 'F' is the C order of ``x.T``; 'A'
+    and 'K' are 'C' (a DistTensor's global value is C-ordered, see Flags)."""
+    if order == "F":
+        return fn(sh.transpose(x))
+    if order in ("C", "A", "K", None):
+        return fn(x)
+    raise ValueError(f"order must be one of 'C', 'F', 'A', or 'K' (got {order!r})")
+
+
+def reshape(x: DistTensor, shape: Any, order: str = "C", copy: Any = None) -> DistTensor:
+    """``x.reshape(shape, order=..., copy=...)``: 'F' reads and writes the elements
+    column-major (``x.T`` reshaped to the reversed shape, transposed back)."""
+    if order == "F":
+        shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+        out = sh.transpose(sh.reshape(sh.transpose(x), shape[::-1]))
+    elif order in ("C", "A"):
+        out = sh.reshape(x, shape)
+    else:
+        raise ValueError(f"order must be one of 'C', 'F', 'A' (got {order!r})")
+    return _copy(out) if copy else out
+
+
+def sort_in_place(x: DistTensor, axis: Any, kind: Any, order: Any, stable: Any) -> None:
+    """``x.sort(axis)``: np.sort's result written into ``x`` (aliases see it)."""
+    if axis is None:
+        raise TypeError("'NoneType' object cannot be interpreted as an integer")
+    mutation.check_writable(x, None, "sort")
+    mutation.assign(x, np.sort(x, axis=axis, kind=kind, order=order, stable=stable))
+
+
+def partition_in_place(x: DistTensor, kth: Any, axis: Any, kind: str, order: Any) -> None:
+    """``x.partition(kth, axis)``: np.partition's result written into ``x``."""
+    if axis is None:
+        raise TypeError("'NoneType' object cannot be interpreted as an integer")
+    mutation.check_writable(x, None, "partition")
+    mutation.assign(x, np.partition(x, kth, axis=axis, kind=kind, order=order))
+
+
+# -- copies and views: local, no communication ------------------------------------------------
+def copy(x: Any, order: str = "C") -> Any:
+    """``x.copy()``: a copy of each rank's shard, same placements, no communication (its
+    gradient is the identity)."""
+    if not isinstance(x, DistTensor):
+        return np.copy(x, order=order)
+    out = DistTensor(x._local.copy(), x._spec)
+    if x.requires_grad and autograd.is_grad_enabled():
+        autograd.record("copy", (x,), (out,), lambda gs: (gs[0],))
+    return out
+
+
+_copy = copy  # for functions with numpy's ``copy`` parameter
+
+
+def deepcopy(x: DistTensor, memo: dict) -> DistTensor:
+    """``copy.deepcopy(x)``: a new leaf with a copy of the shard (and of ``.grad``)."""
+    import copy as copy_module
+
+    out = type(x).__new__(type(x))
+    DistTensor.__init__(out, x._local.copy(), x._spec, x.requires_grad and x.is_leaf)
+    memo[id(x)] = out
+    if x.grad is not None:
+        out.grad = copy_module.deepcopy(x.grad, memo)
+    return out
+
+
+def view(x: DistTensor, dtype: Any = None, type: Any = None) -> DistTensor:
+    """``x.view()`` / ``x.view(dtype)``: a new DistTensor sharing each rank's shard memory (a
+    write through either shows in the other). A dtype of another item size changes the last
+    axis, which must then not be split; the bits of a Partial value are not a view of its
+    global value, so Partial tensors are refused."""
+    if isinstance(dtype, _type) and issubclass(dtype, (np.ndarray, DistTensor)):
+        dtype, type = None, dtype
+    if type is not None and not (isinstance(type, _type) and issubclass(type, DistTensor)):
+        raise NotImplementedError(
+            "DistTensor.view(type=...): a DistTensor cannot be viewed as another array type; "
+            "x.to_local().view(...) views this rank's shard, x.numpy() is the gathered value"
+        )
+    spec = x._spec
+    if dtype is None or np.dtype(dtype) == spec.dtype:
+        out = DistTensor(x._local.view(), spec)
+        if x.requires_grad and autograd.is_grad_enabled():
+            autograd.record("view", (x,), (out,), lambda gs: (gs[0],))
+        return out
+    dtype = np.dtype(dtype)
+    if spec.has_partial():
+        raise NotImplementedError(
+            f"DistTensor.view({dtype}) of a Partial tensor: its shards' bits are not the bits "
+            "of its global value; reshard it to Shard/Replicate placements first"
+        )
+    shape = spec.shape
+    if dtype.itemsize != spec.dtype.itemsize:
+        last = spec.ndim - 1
+        if last >= 0 and any(p.is_shard(last) for p in spec.placements):
+            raise NotImplementedError(
+                f"DistTensor.view({dtype}) changes the length of the last axis, which is split "
+                "over the mesh (the shards would not split the new length as numpy.array_split "
+                "does); reshard that axis whole first"
+            )
+        # numpy's checks and errors, on a stand-in of the last axis
+        last_axis = np.empty(shape[-1:], spec.dtype).view(dtype)
+        shape = shape[:-1] + last_axis.shape
+    out_spec = spec.replace(dtype=dtype, shape=shape)
+    local = x._local.view(dtype) if _coord(spec) is not None else None
+    return _make(local, out_spec)
+
+
+def getfield(x: DistTensor, dtype: Any, offset: int = 0) -> DistTensor:
+    """``x.getfield(dtype, offset)``: each element's bytes at ``offset`` read as ``dtype``, on
+    each shard (Partials reduced first: bits are not linear)."""
+    y = _plain(x)
+    spec = y._spec.replace(dtype=np.dtype(dtype))
+    np.empty(0, x.dtype).getfield(dtype, offset)  # numpy's errors, on every rank alike
+    local = y._local.getfield(dtype, offset) if _coord(spec) is not None else None
+    return _no_gradient("getfield", (y,), _make(local, spec))
+
+
+def setfield(x: DistTensor, val: Any, dtype: Any, offset: int = 0) -> None:
+    """``x.setfield(val, dtype, offset)``: written in place (aliases see it)."""
+    mutation.check_writable(x, val, "setfield")
+    np.empty(0, x.dtype).getfield(dtype, offset)  # numpy's errors, on every rank alike
+    if isinstance(val, DistTensor) or np.ndim(val) != 0:
+        new = fallback("setfield", _on_copy(np.ndarray.setfield), (x, val, dtype, offset), {})
+    else:
+        y = _plain(x)
+        local = y._local.copy()
+        local.setfield(val, dtype, offset)
+        new = DistTensor(local, y._spec)
+    mutation.assign(x, new)
+
+
+def byteswap(x: DistTensor, inplace: bool = False) -> DistTensor:
+    """``x.byteswap()``: each shard's bytes swapped (Partials reduced first); ``inplace=True``
+    writes the result into ``x`` (aliases see it) and returns ``x``."""
+    y = _plain(x)
+    out = DistTensor(y._local.byteswap(), y._spec)
+    if not inplace:
+        return _no_gradient("byteswap", (y,), out)
+    mutation.assign(x, out)
+    return x
+
+
+# -- writes (ops/mutation.py) --------------------------------------------------------------------
+def fill(x: DistTensor, value: Any) -> None:
+    """``x.fill(value)``: every element set to the scalar ``value``, in place, no
+    communication."""
+    if np.ndim(value) != 0:
+        raise ValueError("setting an array element with a sequence.")
+    mutation.assign(x, value)
+
+
+def _flat_indices(x: DistTensor, ind: Any, mode: str) -> np.ndarray:
+    """Flat indices of ``put``/``x.flat[...] =`` as numpy resolves them for ``mode``."""
+    idx = np.asarray(_gathered(ind, "put"))
+    if idx.dtype.kind not in "iub":
+        idx = idx.astype(np.intp, casting="same_kind")  # numpy's TypeError for floats
+    idx = idx.astype(np.intp).ravel()
+    n = x.size
+    if mode == "raise":
+        bad = idx[(idx < -n) | (idx >= n)]
+        if bad.size:
+            raise IndexError(f"index {bad[0]} is out of bounds for axis 0 with size {n}")
+        return idx % n if n else idx
+    if mode == "wrap":
+        if n == 0 and idx.size:
+            raise IndexError("cannot do a non-empty take from an empty axes.")
+        return idx % n if n else idx
+    if mode == "clip":
+        if n == 0 and idx.size:
+            raise IndexError("cannot do a non-empty take from an empty axes.")
+        return np.clip(idx, 0, max(n - 1, 0))
+    raise ValueError(f"clipmode must be one of 'clip', 'raise', or 'wrap' (got {mode!r})")
+
+
+def put(x: DistTensor, indices: Any, values: Any, mode: str = "raise") -> None:
+    """``x.put(indices, values, mode)``: flat positions set in place (values repeated as
+    numpy does), each rank writing the positions it holds."""
+    mutation.check_writable(x, values, "put")
+    idx = _flat_indices(x, indices, mode)
+    v = np.asarray(_gathered(values, "put")).ravel()
+    if idx.size == 0 or v.size == 0:
+        return
+    v = np.resize(v, idx.size)  # repeated cyclically, extra values ignored (numpy's rule)
+    if x.ndim == 0:
+        mutation.assign(x, v[-1])
+        return
+    mutation.setitem(x, np.unravel_index(idx, x.shape), v)
+
+
+def resize(x: DistTensor, new_shape: Any, refcheck: bool = True) -> None:
+    """``x.resize(new_shape)``: in place, as numpy: the elements in C order, cut or padded
+    with zeros. The tensor gets a new shard and spec (its placements kept where they fit the
+    new shape); every reference to ``x`` sees it, but not tensors made from ``x`` before."""
+    if new_shape is None:  # x.resize(): nothing to do
+        return
+    shape = (new_shape,) if isinstance(new_shape, (int, np.integer)) else tuple(new_shape)
+    if any(operator.index(n) < 0 for n in shape):
+        raise ValueError("negative dimensions not allowed")
+    mutation.check_writable(x, None, "resize")
+    n, size = math.prod(shape), x.size
+    with autograd.no_grad():
+        flat = sh.ravel(x)
+        if n <= size:
+            flat = sh.getitem(flat, slice(0, n))
+        else:
+            pad = creation.zeros(n - size, x.dtype, mesh=x.mesh)
+            flat = sh.concatenate([flat, pad])
+        out = sh.reshape(flat, shape)
+        keep = [p for p in x._spec.placements if not p.is_shard() or p.dim < len(shape)]
+        if len(keep) == x.mesh.ndim:
+            out = _to(out, keep)
+    x._local, x._spec = out._local, out._spec
+    autograd.note_mutation(x._local)  # tapes that saved x refuse (Note [Mutation and autograd])
+
+
+def _on_copy(func: Callable) -> Callable:
+    """``func`` (which writes into its first argument) applied to a copy, which it returns."""
+
+    def run(a, *args, **kwargs):
+        b = np.array(a, copy=True)
+        func(b, *args, **kwargs)
+        return b
+
+    return run
+
+
+# -- Python values (collective over the mesh) ----------------------------------------------------
+def item(x: DistTensor, *args: Any) -> Any:
+    """``x.item()`` / ``x.item(i)`` / ``x.item(i, j)``: one element as a Python scalar
+    (collective: only that element moves)."""
+    if not args:
+        if x.size != 1:
+            raise ValueError("can only convert an array of size 1 to a Python scalar")
+        return x.numpy().reshape(()).item()
+    if len(args) == 1 and isinstance(args[0], tuple):
+        args = args[0]
+    if len(args) == 1:
+        i = operator.index(args[0])
+        if not -x.size <= i < x.size:
+            raise IndexError(f"index {i} is out of bounds for axis 0 with size {x.size}")
+        key = np.unravel_index(i % x.size, x.shape)
+    elif len(args) != x.ndim:
+        raise ValueError("incorrect number of indices for array")
+    else:
+        key = tuple(operator.index(i) for i in args)
+        for axis, (i, n) in enumerate(zip(key, x.shape)):
+            if not -n <= i < n:
+                raise IndexError(f"index {i} is out of bounds for axis {axis} with size {n}")
+    return sh.getitem(x, tuple(int(i) for i in key)).numpy().item()
+
+
+def index(x: DistTensor) -> int:
+    """``operator.index(x)``: a 0-d integer tensor's value (collective)."""
+    if x.ndim != 0 or x.dtype.kind not in "iu":
+        raise TypeError("only integer scalar arrays can be converted to a scalar index")
+    return int(x.numpy())
+
+
+def format_(x: DistTensor, spec: str) -> str:
+    """``format(x, spec)``: a 0-d tensor formats its value as numpy's scalars do; others
+    only with an empty spec, as ``str(x)`` (both collective)."""
+    if x.ndim == 0:
+        return format(x.numpy()[()], spec)
+    if spec:
+        raise TypeError("unsupported format string passed to DistTensor.__format__")
+    return str(x)
+
+
+def contains(x: DistTensor, value: Any) -> bool:
+    """``value in x``: ``(x == value).any()``, as numpy (collective)."""
+    return bool(red.any(EW["equal"](x, value)))
+
+
+def iterate(x: DistTensor):
+    """``iter(x)``: ``x[0], x[1], ...`` along the first axis, as DistTensors."""
+    if x.ndim == 0:
+        raise TypeError("iteration over a 0-d array")
+    return (sh.getitem(x, i) for i in range(x.shape[0]))
+
+
+def round_(x: Any, decimals: int = 0, out: Any = None) -> Any:
+    """``np.round(x, decimals)``: elementwise, on any placements."""
+    if out is not None:
+        raise Unsupported("out=")
+    if not isinstance(x, DistTensor):
+        return np.round(x, decimals)
+    return EW["round"](x, decimals) if decimals else EW["round"](x)
+
+
+def _is_path(f: Any) -> bool:
+    return isinstance(f, (str, os.PathLike))
+
+
+def _write_file(x: DistTensor, f: Any, write: Callable[[np.ndarray, Any], None]) -> None:
+    """Gather ``x`` (collective); a path is written by the first rank of the mesh while the
+    others wait, so the file is complete on every rank when this returns; an open file
+    object is written by every rank (each holds its own)."""
+    value = x.numpy()
+    ranks = tuple(x.mesh.process_ids)
+    if not _is_path(f):
+        write(value, f)
+        return
+    if comm.get_rank() == ranks[0]:
+        write(value, f)
+    comm.group(ranks).barrier()
+
+
+def dump(x: DistTensor, file: Any) -> None:
+    """``x.dump(file)``: the gathered value pickled to ``file`` (collective)."""
+    _write_file(x, file, lambda v, f: v.dump(f))
+
+
+def tofile(x: DistTensor, fid: Any, sep: str = "", format: str = "%s") -> None:
+    """``x.tofile(fid)``: the gathered value written to ``fid`` (collective)."""
+    _write_file(x, fid, lambda v, f: v.tofile(f, sep=sep, format=format))
+
+
+# -- x.flat ------------------------------------------------------------------------------------
+class FlatIter:
+    """``x.flat``: the elements in C order. Iteration gathers the value once (collective);
+    ``x.flat[i]`` is a numpy scalar (collective), ``x.flat[2:5]`` and ``x.flat[[1, 3]]`` are
+    1-D DistTensors; ``x.flat[key] = value`` writes into ``x`` in place (as ``x.put``)."""
+
+    def __init__(self, x: DistTensor) -> None:
+        self.base = x
+
+    def __len__(self) -> int:
+        return self.base.size
+
+    def __iter__(self):
+        return iter(self.base.numpy().flat)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        out = self.base.numpy().ravel()
+        return out if dtype is None else out.astype(dtype, copy=False)
+
+    def copy(self) -> DistTensor:
+        """A 1-D copy of the elements (``x.flatten()``)."""
+        return sh.flatten(self.base)
+
+    def __getitem__(self, key: Any) -> Any:
+        flat = sh.ravel(self.base)
+        if isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_)):
+            return sh.getitem(flat, key).numpy()[()]  # a numpy scalar, as numpy's
+        return sh.getitem(flat, key)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        n = self.base.size
+        if isinstance(key, slice):
+            idx = np.arange(*key.indices(n))
+        elif isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_)):
+            idx = np.array([int(key)])
+        else:
+            k = np.asarray(_gathered(key, "flat[key] ="))
+            idx = np.flatnonzero(k) if k.dtype == np.bool_ else k
+        put(self.base, idx, value)
+
+    def __repr__(self) -> str:
+        return f"<DistTensor flat iterator over {self.base.size} elements>"
+
+
+# -- along one axis (Note [Along one axis]) ---------------------------------------------------
+def along_axis(x: DistTensor, axis: int, keep_partials: bool = False) -> DistTensor:
+    """``x`` with ``axis`` whole on every rank (mesh dims that split it Replicate); Partial
+    mesh dims reduced unless ``keep_partials``; the other splits kept."""
+    pls = []
+    for p in x._spec.placements:
+        if (p.is_shard() and p.dim == axis) or (p.is_partial() and not keep_partials):
+            p = _R
+        pls.append(p)
+    return _to(x, pls)
+
+
+def _lanes(name: str, x: DistTensor, axis: Any, fn: Callable, dtype: Any) -> DistTensor:
+    """``fn(local, axis)`` on the shards with ``axis`` made whole; ``axis=None``: flattened."""
+    if axis is None:
+        x, axis = sh.ravel(x), 0
+    axis = normalize_axis_index(operator.index(axis), x.ndim)
+    y = along_axis(x, axis)
+    spec = y._spec.replace(dtype=np.dtype(dtype))
+    local = fn(y._local, axis) if _coord(spec) is not None else None
+    return _no_gradient(name, (y,), _make(local, spec))
+
+
+def _no_order(order: Any) -> None:
+    if order is not None:
+        raise Unsupported("order= (structured dtypes)")
+
+
+def sort(a: Any, axis: Any = -1, kind: Any = None, order: Any = None, *, stable: Any = None):
+    """``np.sort``: each lane along ``axis`` sorted on the rank holding it."""
+    _no_order(order)
+    if not isinstance(a, DistTensor):
+        raise Unsupported("no DistTensor to sort")
+    return _lanes("sort", a, axis, lambda v, ax: np.sort(v, ax, kind=kind, stable=stable), a.dtype)
+
+
+def argsort(a: Any, axis: Any = -1, kind: Any = None, order: Any = None, *, stable: Any = None):
+    """``np.argsort``: each lane along ``axis`` on the rank holding it."""
+    _no_order(order)
+    if not isinstance(a, DistTensor):
+        raise Unsupported("no DistTensor to sort")
+
+    def fn(v, ax):
+        return np.argsort(v, ax, kind=kind, stable=stable)
+
+    return _lanes("argsort", a, axis, fn, np.intp)
+
+
+def partition(a: Any, kth: Any, axis: Any = -1, kind: str = "introselect", order: Any = None):
+    """``np.partition``: each lane along ``axis`` on the rank holding it."""
+    _no_order(order)
+    if not isinstance(a, DistTensor):
+        raise Unsupported("no DistTensor to partition")
+    kth = _gathered(kth, "partition")
+    return _lanes("partition", a, axis, lambda v, ax: np.partition(v, kth, ax, kind), a.dtype)
+
+
+def argpartition(a: Any, kth: Any, axis: Any = -1, kind: str = "introselect", order: Any = None):
+    """``np.argpartition``: each lane along ``axis`` on the rank holding it."""
+    _no_order(order)
+    if not isinstance(a, DistTensor):
+        raise Unsupported("no DistTensor to partition")
+    kth = _gathered(kth, "argpartition")
+    fn = lambda v, ax: np.argpartition(v, kth, ax, kind)  # noqa: E731
+    return _lanes("argpartition", a, axis, fn, np.intp)
+
+
+def take(a: Any, indices: Any, axis: Any = None, out: Any = None, mode: str = "raise"):
+    """``np.take``: the axis made whole, the indices taken on every shard (the other axes keep
+    their splits, Partials pass through: it only moves elements)."""
+    if out is not None or not isinstance(a, DistTensor):
+        raise Unsupported("out= or no DistTensor")
+    idx = np.asarray(_gathered(indices, "take"))
+    if idx.dtype.kind not in "biu" or not np.can_cast(idx.dtype, np.intp):
+        raise Unsupported("indices numpy casts itself")
+    if mode not in ("raise", "wrap", "clip"):
+        raise Unsupported("numpy's own error for the mode")
+    if axis is None:
+        a, axis = sh.ravel(a), 0
+    axis = normalize_axis_index(operator.index(axis), a.ndim)
+    n = a.shape[axis]
+    if mode == "raise":
+        bad = idx[(idx < -n) | (idx >= n)]
+        if bad.size:
+            raise IndexError(f"index {bad.flat[0]} is out of bounds for axis {axis} with size {n}")
+    elif n == 0 and idx.size:
+        raise IndexError("cannot do a non-empty take from an empty axes.")
+    y = along_axis(a, axis, keep_partials=True)
+    shift = idx.ndim - 1
+    pls = [Shard(p.dim + shift) if p.is_shard() and p.dim > axis else p for p in y.placements]
+    shape = a.shape[:axis] + idx.shape + a.shape[axis + 1 :]
+    spec = y._spec.replace(shape=shape, placements=tuple(pls))
+    local = np.take(y._local, idx, axis, mode=mode) if _coord(spec) is not None else None
+    return _no_gradient("take", (y,), _make(local, spec))
+
+
+# -- numpy functions dt implements (Note [numpy functions by identity]) ------------------------
+class Entry(NamedTuple):
+    """A numpy function's dt implementation: ``name`` is the dt op it runs (functions that
+    share one are aliases); ``writes``: it writes into its first argument (never re-run
+    through the fallback, which would write a gathered copy)."""
+
+    name: str
+    impl: Callable[..., Any]
+    writes: bool = False
+
+
+NUMPY_TABLE: dict[Callable, Entry] = {}
+_NEUTRAL = {"dtype": None, "out": None, "where": True, "subok": None, "device": None}
+
+
+def implements(*funcs: Callable, name: str, writes: bool = False):
+    """Decorator: ``impl(given)`` implements the numpy functions ``funcs``; it receives the
+    arguments of the call by numpy's parameter names (only those given)."""
+
+    def deco(impl):
+        for func in funcs:
+            sig = inspect.signature(func)
+
+            def run(*args, _sig=sig, **kwargs):
+                try:
+                    given = _sig.bind(*args, **kwargs).arguments
+                except TypeError as e:
+                    raise Unsupported(str(e)) from None
+                return impl(dict(given))
+
+            NUMPY_TABLE[func] = Entry(name, run, writes)
+        return impl
+
+    return deco
+
+
+def _only(given: dict, *takes: str) -> dict:
+    """``given`` when every argument outside ``takes`` has numpy's neutral value (dtype=None,
+    where=True, ...), else Unsupported."""
+    for k, v in given.items():
+        if k in takes:
+            continue
+        if k in ("subok", "optimize") or (k in _NEUTRAL and v is _NEUTRAL[k]):
+            continue  # subok: a DistTensor is its own type; optimize: einsum's speed only
+        if k == "device" and v == "cpu":
+            continue
+        raise Unsupported(f"{k}={v!r}")
+    return given
+
+
+def _reduction(name: str, *funcs: Callable) -> None:
+    ours = getattr(red, name)
+    args = ("a", "axis", "keepdims", *(("ddof",) if name in ("var", "std") else ()))
+
+    @implements(*funcs, name=name)
+    def impl(given):
+        g = _only(given, *args)
+        extra = (g.get("ddof", 0),) if name in ("var", "std") else ()
+        return ours(g["a"], g.get("axis"), *extra, g.get("keepdims", False))
+
+
+for _name in ("sum", "mean", "prod", "all", "any", "argmax", "argmin", "var", "std"):
+    _reduction(_name, getattr(np, _name))
+_reduction("max", np.max, np.amax)
+_reduction("min", np.min, np.amin)
+
+
+@implements(np.round, np.around, name="round")
+def _round(given):
+    g = _only(given, "a", "decimals")
+    return round_(g["a"], g.get("decimals", 0))
+
+
+@implements(np.clip, name="clip")
+def _np_clip(given):
+    g = _only(given, "a", "a_min", "a_max", "min", "max")
+    if ("a_min" in g and "min" in g) or ("a_max" in g and "max" in g):
+        raise Unsupported("numpy's error for both a_min and min")
+    lo, hi = g.get("a_min", g.get("min")), g.get("a_max", g.get("max"))
+    return _clip(g["a"], lo, hi)
+
+
+@implements(np.where, name="where")
+def _np_where(given):
+    if len(given) != 3:
+        raise Unsupported("np.where(condition): the nonzero form")
+    return _where(given["condition"], given["x"], given["y"])
+
+
+@implements(np.real, name="real")
+def _np_real(given):
+    return EW["real"](given["val"])
+
+
+@implements(np.imag, name="imag")
+def _np_imag(given):
+    return EW["imag"](given["val"])
+
+
+@implements(np.astype, name="astype")
+def _np_astype(given):
+    g = _only(given, "x", "dtype", "copy")
+    x, dtype = g["x"], np.dtype(g["dtype"])
+    if not isinstance(x, DistTensor):
+        raise Unsupported("not a DistTensor")
+    return x if dtype == x.dtype and not g.get("copy", True) else _astype(x, dtype)
+
+
+@implements(np.dot, name="dot")
+def _np_dot(given):
+    g = _only(given, "a", "b")
+    return la.dot(g["a"], g["b"])
+
+
+@implements(np.einsum, name="einsum")
+def _np_einsum(given):
+    ops = given.get("operands", ())
+    if given.get("kwargs") or not ops or not isinstance(ops[0], str):
+        raise Unsupported("dtype=/order=/casting= or the interleaved form")
+    return la.einsum(*ops)
+
+
+@implements(np.outer, name="outer")
+def _np_outer(given):
+    g = _only(given, "a", "b")
+    return la.outer(g["a"], g["b"])
+
+
+@implements(np.linalg.matmul, name="matmul")
+def _np_matmul(given):
+    return la.matmul(given["x1"], given["x2"])
+
+
+@implements(np.matrix_transpose, np.linalg.matrix_transpose, name="matrix_transpose")
+def _np_matrix_transpose(given):
+    x = given["x"]
+    if not isinstance(x, DistTensor) or x.ndim < 2:
+        raise Unsupported("numpy's error for ndim < 2")
+    return mT(x)
+
+
+# shape ops
+@implements(np.reshape, name="reshape")
+def _np_reshape(given):
+    g = _only(given, "a", "shape", "order", "copy")
+    if g.get("order", "C") != "C" or g.get("copy") is False:
+        raise Unsupported("order='F'/'A' or copy=False")
+    out = sh.reshape(g["a"], g["shape"])
+    return copy(out) if g.get("copy") else out
+
+
+@implements(np.transpose, name="transpose")
+def _np_transpose(given):
+    return sh.transpose(given["a"], given.get("axes"))
+
+
+@implements(np.swapaxes, name="swapaxes")
+def _np_swapaxes(given):
+    return sh.swapaxes(given["a"], given["axis1"], given["axis2"])
+
+
+@implements(np.expand_dims, name="expand_dims")
+def _np_expand_dims(given):
+    return sh.expand_dims(given["a"], given["axis"])
+
+
+@implements(np.squeeze, name="squeeze")
+def _np_squeeze(given):
+    return sh.squeeze(given["a"], given.get("axis"))
+
+
+@implements(np.broadcast_to, name="broadcast_to")
+def _np_broadcast_to(given):
+    return sh.broadcast_to(given["array"], given["shape"])
+
+
+@implements(np.concatenate, name="concatenate")
+def _np_concatenate(given):
+    g = _only(given, "arrays", "axis")
+    if given.get("casting", "same_kind") != "same_kind":
+        raise Unsupported("casting=")
+    return sh.concatenate(g["arrays"], g.get("axis", 0))
+
+
+@implements(np.stack, name="stack")
+def _np_stack(given):
+    g = _only(given, "arrays", "axis")
+    if given.get("casting", "same_kind") != "same_kind":
+        raise Unsupported("casting=")
+    return sh.stack(g["arrays"], g.get("axis", 0))
+
+
+@implements(np.split, name="split")
+def _np_split(given):
+    return sh.split(given["ary"], given["indices_or_sections"], given.get("axis", 0))
+
+
+@implements(np.tile, name="tile")
+def _np_tile(given):
+    return sh.tile(given["A"], given["reps"])
+
+
+@implements(np.repeat, name="repeat")
+def _np_repeat(given):
+    return sh.repeat(given["a"], given["repeats"], given.get("axis"))
+
+
+@implements(np.ravel, name="ravel")
+def _np_ravel(given):
+    if given.get("order", "C") not in ("C", "K", "A"):
+        raise Unsupported("order='F'")
+    return sh.ravel(given["a"])
+
+
+# along one axis
+@implements(np.sort, name="sort")
+def _np_sort(given):
+    return sort(**given)
+
+
+@implements(np.argsort, name="argsort")
+def _np_argsort(given):
+    return argsort(**given)
+
+
+@implements(np.partition, name="partition")
+def _np_partition(given):
+    return partition(**given)
+
+
+@implements(np.argpartition, name="argpartition")
+def _np_argpartition(given):
+    return argpartition(**given)
+
+
+@implements(np.take, name="take")
+def _np_take(given):
+    return take(**given)
+
+
+def _square(a: Any, offset: Any, axis1: Any, axis2: Any) -> bool:
+    """Whether the call asks for a square 2-D DistTensor's main diagonal (einsum's repeated
+    letter, which is never split)."""
+    if not isinstance(a, DistTensor) or a.ndim != 2 or a.shape[0] != a.shape[1] or offset != 0:
+        return False
+    try:
+        axes = {normalize_axis_index(operator.index(i), 2) for i in (axis1, axis2)}
+    except (TypeError, np.exceptions.AxisError):
+        return False  # numpy's error, from the fallback
+    return axes == {0, 1}
+
+
+@implements(np.diagonal, name="diagonal")
+def _np_diagonal(given):
+    a = given["a"]
+    if not _square(a, given.get("offset", 0), given.get("axis1", 0), given.get("axis2", 1)):
+        raise Unsupported("not the main diagonal of a square matrix")
+    return la.einsum("ii->i", a)
+
+
+@implements(np.trace, name="trace")
+def _np_trace(given):
+    g = _only(given, "a", "offset", "axis1", "axis2")
+    a = g["a"]
+    if not _square(a, g.get("offset", 0), g.get("axis1", 0), g.get("axis2", 1)):
+        raise Unsupported("not the main diagonal of a square matrix")
+    if a.dtype.kind not in "fc":  # numpy sums integers and bools in a wider type
+        raise Unsupported("integer trace")
+    return la.einsum("ii->", a)
+
+
+# creation and copies: no communication
+@implements(np.copy, name="copy")
+def _np_copy(given):
+    a = given["a"]
+    if not isinstance(a, DistTensor):
+        raise Unsupported("not a DistTensor")
+    return copy(a)
+
+
+def _like(func: Callable, ours: Callable, first: str) -> None:
+    @implements(func, name=func.__name__)
+    def impl(given):
+        a = given.pop(first)
+        if not isinstance(a, DistTensor):
+            raise Unsupported("not a DistTensor")
+        return ours(a, **given)
+
+
+_like(np.zeros_like, creation.zeros_like, "a")
+_like(np.ones_like, creation.ones_like, "a")
+_like(np.full_like, creation.full_like, "a")
+_like(np.empty_like, creation.empty_like, "prototype")
+
+
+# metadata: no communication
+@implements(np.shape, name="shape")
+def _np_shape(given):
+    a = given["a"]
+    if not isinstance(a, DistTensor):
+        raise Unsupported("not a DistTensor")
+    return a.shape
+
+
+@implements(np.ndim, name="ndim")
+def _np_ndim(given):
+    a = given["a"]
+    if not isinstance(a, DistTensor):
+        raise Unsupported("not a DistTensor")
+    return a.ndim
+
+
+@implements(np.size, name="size")
+def _np_size(given):
+    a, axis = given["a"], given.get("axis")
+    if not isinstance(a, DistTensor):
+        raise Unsupported("not a DistTensor")
+    if axis is None:
+        return a.size
+    axes = axis if isinstance(axis, tuple) else (axis,)
+    return math.prod(a.shape[normalize_axis_index(operator.index(i), a.ndim)] for i in axes)
+
+
+def _dtype_of(v: Any) -> Any:
+    return v.dtype if isinstance(v, DistTensor) else v
+
+
+@implements(np.result_type, name="result_type")
+def _np_result_type(given):
+    return np.result_type(*map(_dtype_of, given.get("arrays_and_dtypes", ())))
+
+
+@implements(np.can_cast, name="can_cast")
+def _np_can_cast(given):
+    return np.can_cast(
+        _dtype_of(given["from_"]), _dtype_of(given["to"]), given.get("casting", "safe")
+    )
+
+
+@implements(np.iscomplexobj, name="iscomplexobj")
+def _np_iscomplexobj(given):
+    return np.iscomplexobj(np.empty(0, _dtype_of(given["x"])))
+
+
+@implements(np.isrealobj, name="isrealobj")
+def _np_isrealobj(given):
+    return np.isrealobj(np.empty(0, _dtype_of(given["x"])))
+
+
+# functions that write into their first argument: into the DistTensor, in place
+@implements(np.copyto, name="copyto", writes=True)
+def _np_copyto(given):
+    dst = given["dst"]
+    if not isinstance(dst, DistTensor):
+        raise Unsupported("a numpy dst: the fallback writes into it")
+    casting, where = given.get("casting", "same_kind"), given.get("where", True)
+    mutation.write_out("copyto", given["src"], dst, casting, where)
+
+
+@implements(np.put, name="put", writes=True)
+def _np_put(given):
+    a = given["a"]
+    if not isinstance(a, DistTensor):
+        raise Unsupported("a numpy target: the fallback writes into it")
+    put(a, given["ind"], given["v"], given.get("mode", "raise"))
+
+
+def _masked(func: Callable, target: str, mask: str, values: str) -> None:
+    """putmask/place: a scalar value is ``x[mask] = value`` (local for a mask laid out like
+    x); other values are written by numpy into the gathered value, which is assigned back."""
+
+    @implements(func, name=func.__name__, writes=True)
+    def impl(given):
+        x = given[target]
+        if not isinstance(x, DistTensor):
+            raise Unsupported("a numpy target: the fallback writes into it")
+        m, v = given[mask], given[values]
+        if np.ndim(v) == 0 and not isinstance(v, DistTensor) and np.shape(m) == x.shape:
+            mdtype = m.dtype if isinstance(m, DistTensor) else np.asarray(m).dtype
+            if mdtype == np.bool_:
+                mutation.setitem(x, m, v)
+                return
+        _write_back(func, x, given)
+
+
+_masked(np.putmask, "a", "mask", "values")
+_masked(np.place, "arr", "mask", "vals")
+
+
+def _write_back(func: Callable, x: DistTensor, given: dict) -> None:
+    """numpy's ``func`` writes into the gathered value of ``x`` (its first argument), which
+    is then written into ``x`` (aliases see it)."""
+    mutation.check_writable(x, None, func.__name__)
+    args = list(given.values())
+    new = fallback(func.__name__, _on_copy(func), tuple(args), {})
+    mutation.assign(x, new)
+
+
+def _gathered_writer(func: Callable, target: str) -> None:
+    @implements(func, name=func.__name__, writes=True)
+    def impl(given):
+        if not isinstance(given[target], DistTensor):
+            raise Unsupported("a numpy target: the fallback writes into it")
+        _write_back(func, given[target], given)
+
+
+_gathered_writer(np.fill_diagonal, "a")
+_gathered_writer(np.put_along_axis, "arr")
+
+
+def ufunc_at(ufunc: np.ufunc, inputs: tuple, kwargs: dict) -> None:
+    """``np.add.at(x, indices, values)`` on a DistTensor ``x``: numpy's unbuffered write on
+    the gathered value, assigned back into ``x`` (aliases see it)."""
+    x = inputs[0]
+    mutation.check_writable(x, None, f"{ufunc.__name__}.at")
+    new = fallback(f"{ufunc.__name__}.at", _on_copy(ufunc.at), inputs, kwargs)
+    mutation.assign(x, new)
+
+
+def implemented_by(func: Any) -> str | None:
+    """The dt op a numpy function or ufunc runs on DistTensors, None for the fallback."""
+    from . import _UFUNCS
+
+    if func is np.matmul:  # a ufunc with a function of its own (linalg.matmul)
+        return "matmul"
+    if isinstance(func, np.ufunc):
+        op = _UFUNCS.get(func)
+        return None if op is None else op.name
+    entry = NUMPY_TABLE.get(func)
+    return None if entry is None else entry.name
+
+
+__all__: list[str] = []  # reached as DistTensor methods and through __array_function__
