@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from . import comm, dispatch
+from . import accounting, comm
 
 
 class CommCounter:
@@ -39,12 +39,12 @@ class CommCounter:
 
     def __enter__(self) -> CommCounter:
         comm.add_observer(self._observe)
-        dispatch.add_fallback_observer(self._observe_outside)
+        accounting.add_fallback_observer(self._observe_outside)
         return self
 
     def __exit__(self, *exc) -> None:
         comm.remove_observer(self._observe)
-        dispatch.remove_fallback_observer(self._observe_outside)
+        accounting.remove_fallback_observer(self._observe_outside)
 
     @property
     def fallbacks(self) -> dict[tuple[str, str], int]:
@@ -88,7 +88,7 @@ class FallbackRow:
 
 class FallbackReport:
     """What communicated outside an SPMD rule in this process so far, by (op, reason):
-    Note [Communication outside rules] in dispatch.py. ``rows`` are FallbackRow(op, reason,
+    Note [Communication outside rules] in accounting.py. ``rows`` are FallbackRow(op, reason,
     calls, bytes), most bytes first; ``str()`` is a table. Under ``dt.simulate`` the counts are
     the simulated ranks' together; under mpiexec each rank has its own."""
 
@@ -133,9 +133,9 @@ def fallback_report(reset: bool = False) -> FallbackReport:
     """
     rows = [
         FallbackRow(op, reason, calls, nbytes)
-        for (op, reason), (calls, nbytes) in dispatch.FALLBACK_LOG.items()
+        for (op, reason), (calls, nbytes) in accounting.FALLBACK_LOG.items()
     ]
     rows.sort(key=lambda r: (-r.bytes, -r.calls, r.op))
     if reset:
-        dispatch.FALLBACK_LOG.clear()
+        accounting.FALLBACK_LOG.clear()
     return FallbackReport(rows)

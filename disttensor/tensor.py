@@ -24,6 +24,7 @@ import numpy as np
 from . import autograd, comm
 from . import reshard as _reshard
 from ._format import format_array, shown_indices
+from .accounting import outside_rules
 from .comm.base import reduce_arrays
 from .mesh import ProcessMesh
 from .placement import Partial, Placement, Replicate
@@ -221,7 +222,11 @@ class DistTensor:
         return out if out is not self._local else out.copy()
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
-        out = self.numpy()
+        """The global value as a numpy array, for ``np.asarray(x)``, ``np.array([x, y])`` and
+        numpy code that does not dispatch to dt (collective; accounted: Note [Communication
+        outside rules])."""
+        with outside_rules("np.asarray", "implicit conversion: the global value gathered", False):
+            out = self.numpy()
         return out if dtype is None else out.astype(dtype, copy=False)
 
     def reshard(self, mesh: ProcessMesh, placements: Sequence[Placement]) -> DistTensor:
@@ -357,7 +362,7 @@ class DistTensor:
     __hash__ = None  # type: ignore[assignment]  # == is elementwise, as in numpy
 
     # numpy's signatures; extra arguments (dtype=, out=, where=, ...) go through numpy's
-    # function and __array_function__ (ops/ndarray.py: an op, else the exact fallback)
+    # function and __array_function__ (ops/numpy_interop.py: an op, else the exact fallback)
     def sum(self, axis=None, dtype=None, out=None, keepdims=False, **kwargs):
         """``np.sum``; over a split axis the result is Partial(sum), no communication."""
         if dtype is None and out is None and not kwargs:

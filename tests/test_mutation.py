@@ -11,7 +11,7 @@ import pytest
 from op_cases import S0, every_rank, make_input
 
 import disttensor as dt
-from disttensor import dispatch
+from disttensor import accounting
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
@@ -72,7 +72,7 @@ def test_fallback_logged_once_per_op_and_reason_on_rank_0(caplog):
         np.unwrap(x)
         np.unwrap(x, discont=2.0)
 
-    dispatch._LOGGED.discard(
+    accounting._LOGGED.discard(
         ("unwrap", "no dt implementation: inputs gathered, computed whole on every rank")
     )
     with caplog.at_level(logging.WARNING, logger="disttensor"):

@@ -1,5 +1,5 @@
 """numpy functions on DistTensors, dispatched by the function object (ops/__init__.py,
-Note [numpy functions by identity] in ops/ndarray.py).
+Note [numpy functions by identity] in ops/numpy_interop.py).
 
 No two numpy callables run the same dt op unless they are listed aliases (a same-named
 function elsewhere, such as ``np.emath.sqrt``, gets numpy's own result through the fallback);
@@ -32,7 +32,7 @@ from op_cases import (
 )
 
 import disttensor as dt
-from disttensor.ops import ndarray as nd
+from disttensor.ops import numpy_interop
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*(invalid value|divide by zero):RuntimeWarning")
 MESH_IDS = [str(s) for s in MESH_SHAPES]
@@ -77,7 +77,7 @@ def test_no_two_numpy_functions_share_a_dt_op_unless_aliases():
     callables = numpy_callables()
     by_op: dict[str, list[tuple[str, object]]] = {}
     for label, obj in callables.values():
-        op = nd.implemented_by(obj)
+        op = numpy_interop.implemented_by(obj)
         if op is not None:
             by_op.setdefault(op, []).append((label, obj))
     aliases = [{id(f) for f in group} for group in ALIASES]
@@ -90,28 +90,30 @@ def test_no_two_numpy_functions_share_a_dt_op_unless_aliases():
     # the same check by name, as numpy spells it: same __name__, different objects
     by_name: dict[str, set[int]] = {}
     for _, obj in callables.values():
-        if nd.implemented_by(obj) is not None:
+        if numpy_interop.implemented_by(obj) is not None:
             by_name.setdefault(obj.__name__, set()).add(id(obj))
     for name, ids in by_name.items():
         if len(ids) > 1:
             assert any(ids <= a for a in aliases), f"{name}: several numpy callables"
     # every listed alias is used, and every table key is a public numpy callable
     for group in ALIASES:
-        assert len({nd.implemented_by(f) for f in group}) == 1, group
-    assert all(id(f) in callables for f in nd.NUMPY_TABLE), "a table key numpy does not export"
+        assert len({numpy_interop.implemented_by(f) for f in group}) == 1, group
+    assert all(id(f) in callables for f in numpy_interop.NUMPY_TABLE), (
+        "a table key numpy does not export"
+    )
     # the functions of the same name elsewhere are not dt's
     for f in (np.emath.sqrt, np.emath.log, np.emath.power, np.linalg.outer, np.linalg.trace):
-        assert nd.implemented_by(f) is None, f
+        assert numpy_interop.implemented_by(f) is None, f
 
 
 def test_implemented_by_covers_the_op_set():
-    assert nd.implemented_by(np.exp) == "exp"
-    assert nd.implemented_by(np.absolute) == "abs"
-    assert nd.implemented_by(np.true_divide) == "divide"
-    assert nd.implemented_by(np.sum) == "sum"
-    assert nd.implemented_by(np.concat) == "concatenate"
-    assert nd.implemented_by(np.emath.sqrt) is None
-    assert nd.implemented_by(np.cumsum) is None  # the replicate fallback
+    assert numpy_interop.implemented_by(np.exp) == "exp"
+    assert numpy_interop.implemented_by(np.absolute) == "abs"
+    assert numpy_interop.implemented_by(np.true_divide) == "divide"
+    assert numpy_interop.implemented_by(np.sum) == "sum"
+    assert numpy_interop.implemented_by(np.concat) == "concatenate"
+    assert numpy_interop.implemented_by(np.emath.sqrt) is None
+    assert numpy_interop.implemented_by(np.cumsum) is None  # the replicate fallback
 
 
 # -- np.emath and friends: numpy's complex results ----------------------------------------------

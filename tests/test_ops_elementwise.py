@@ -34,7 +34,7 @@ from op_cases import (
 )
 
 import disttensor as dt
-from disttensor import dispatch
+from disttensor import accounting
 from disttensor.ops import elementwise as ew
 
 MESH_IDS = [str(s) for s in MESH_SHAPES]
@@ -242,7 +242,7 @@ def test_numpy_ufuncs_use_the_op_set():
     def body(mesh):
         g = np.linspace(-2, 3, 15).reshape(5, 3)
         x = make_input(g, mesh, [S1])
-        before = Counter(dispatch.FALLBACKS)
+        before = Counter(accounting.FALLBACKS)
         pairs_ = [
             (np.exp(x), np.exp(g)),
             (np.add(x, 1.0), g + 1.0),
@@ -255,7 +255,7 @@ def test_numpy_ufuncs_use_the_op_set():
         for got, want in pairs_:
             assert isinstance(got, dt.DistTensor)
             assert_close(got.numpy(), want, "numpy ufunc")
-        return dispatch.FALLBACKS - before
+        return accounting.FALLBACKS - before
 
     assert every_rank(simulate_on((2,), body)) == Counter()
 
@@ -315,9 +315,9 @@ def test_fallback_counts_and_logs_once(caplog):
     """A numpy function dt does not implement: the replicate fallback, exact, counted per
     call (with its bytes) and logged once per (op, reason), by rank 0 only."""
     key = ("unwrap", "no dt implementation: inputs gathered, computed whole on every rank")
-    dispatch.FALLBACKS.pop("unwrap", None)
-    dispatch.FALLBACK_LOG.pop(key, None)
-    dispatch._LOGGED.discard(key)  # logged once: start from unseen
+    accounting.FALLBACKS.pop("unwrap", None)
+    accounting.FALLBACK_LOG.pop(key, None)
+    accounting._LOGGED.discard(key)  # logged once: start from unseen
 
     def body(mesh):
         g = np.arange(10.0).reshape(5, 2) ** 2
@@ -331,8 +331,8 @@ def test_fallback_counts_and_logs_once(caplog):
 
     with caplog.at_level(logging.WARNING, logger="disttensor"):
         seen = simulate_on((2,), body)
-    assert dispatch.FALLBACKS["unwrap"] == 2 * 2  # two calls on each of two ranks
-    assert dispatch.FALLBACK_LOG[key] == [4, sum(b for _, b in seen)]  # calls, bytes
+    assert accounting.FALLBACKS["unwrap"] == 2 * 2  # two calls on each of two ranks
+    assert accounting.FALLBACK_LOG[key] == [4, sum(b for _, b in seen)]  # calls, bytes
     assert all(f == {key: 2} for f, _ in seen)
     logged = [r for r in caplog.records if "unwrap" in r.getMessage()]
     assert len(logged) == 1 and logged[0].levelno == logging.WARNING, logged

@@ -28,7 +28,7 @@ from op_cases import (
 )
 
 import disttensor as dt
-from disttensor import dispatch
+from disttensor import accounting
 from disttensor.spmd.validate import REFS, data
 
 MESH_IDS = [str(s) for s in MESH_SHAPES]
@@ -193,10 +193,10 @@ def test_np_matmul_uses_the_rule():
 
     def body(mesh):
         a = make_input(np.ones((4, 3)), mesh, [S0])
-        before = Counter(dispatch.FALLBACKS)
+        before = Counter(accounting.FALLBACKS)
         np.matmul(a, np.ones((3, 2)))
         np.ones((2, 4)) @ a
-        return dispatch.FALLBACKS - before
+        return accounting.FALLBACKS - before
 
     assert every_rank(simulate_on((2,), body)) == Counter()
 

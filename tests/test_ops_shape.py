@@ -19,7 +19,7 @@ import spmd_cases as cases
 from op_cases import every_rank
 
 import disttensor as dt
-from disttensor import dispatch
+from disttensor import accounting
 from disttensor.spmd import TensorSpec, infer_forward
 from disttensor.spmd.shape_rules import canonical_key
 
@@ -299,7 +299,7 @@ def test_getitem_grid(mesh_shape):
         x = cases.make_source(g, mesh, [S0] + [R] * (mesh.ndim - 1))
         for key in [[0, -1], (slice(None), np.array([2, 0])), g[:, 0] > 0, (True,)]:
             assert np.array_equal(dt.getitem(x, key).numpy(), g[key])  # the replicate fallback
-        assert dispatch.FALLBACKS["getitem[advanced]"] > 0  # counted (shared by the ranks)
+        assert accounting.FALLBACKS["getitem[advanced]"] > 0  # counted (shared by the ranks)
         return n
 
     run(mesh_shape, f)

@@ -52,7 +52,7 @@ import numpy as np
 
 from .. import autograd, comm
 from .. import reshard as _reshard
-from ..dispatch import outside_rules
+from ..accounting import outside_rules
 from ..placement import Partial
 from ..spmd.shape_rules import canonical_key, index_layout, within
 from ..tensor import DistTensor, reshard

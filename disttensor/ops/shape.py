@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from ..dispatch import KernelContext, Op, fallback, outside_rules
+from ..accounting import outside_rules
+from ..dispatch import KernelContext, Op, fallback
 from ..spec import DistSpec
 from ..spmd.shape_rules import (
     broadcast_shape,
