@@ -138,7 +138,7 @@ def _written(target: DistTensor) -> None:
     if hit is not None:
         source, key = hit
         with autograd.no_grad():
-            _write_region(source, key, target)
+            write_region(source, key, target)
         _written(source)
 
 
@@ -171,7 +171,7 @@ def setitem(target: DistTensor, key: Any, value: Any) -> None:
         hit = _copy_of(value)
         if hit is not None and hit[0] is target and hit[1] == ckey:
             return  # x[key] = x[key]: the value is that region (a no-op, as for a numpy view)
-        _write_region(target, ckey, value)
+        write_region(target, ckey, value)
     else:
         _write_advanced(target, parts, value)
     _written(target)
@@ -211,7 +211,7 @@ def _region_index(ckey: tuple, box) -> tuple[tuple, tuple] | None:
     return tuple(src), tuple(reg)
 
 
-def _write_region(target: DistTensor, ckey: tuple, value: Any) -> None:
+def write_region(target: DistTensor, ckey: tuple, value: Any) -> None:
     spec = target._spec
     region, _ = index_layout(spec.shape, ckey)
     vshape = _value_shape_fits(tuple(_shape(value)), region)

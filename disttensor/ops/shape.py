@@ -24,8 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from ..accounting import outside_rules
+from .. import autograd, comm
+from .. import reshard as _reshard
 from ..dispatch import KernelContext, Op, fallback
+from ..placement import Shard
 from ..spec import DistSpec
 from ..spmd.shape_rules import (
     broadcast_shape,
@@ -291,14 +293,108 @@ def getitem(x, key):
         reason = "integer-array or boolean key: the tensor gathered"
         return fallback("getitem[advanced]", operator.getitem, (x, key), {}, reason)
     ckey = canonical_key(x.shape, key)
-    if x._spec.has_shard():  # a slice of a split axis may move data
-        with outside_rules("getitem", "a slice of a split axis: gathered", always=False):
-            out = OPS["getitem"](x, key=ckey)
-    else:
-        out = OPS["getitem"](x, key=ckey)
-    if not mutation.is_view_of(out._spec, x._spec):  # Note [Copies where numpy has views]
+    out = _sliced_split(x, ckey) if x._spec.has_shard() else None
+    if out is not None:  # rows moved between ranks: a copy (Note [Copies where numpy has views])
+        mutation.remember_copy(out, x, ckey)
+        return out
+    out = OPS["getitem"](x, key=ckey)
+    if not mutation.is_view_of(out._spec, x._spec):
         mutation.remember_copy(out, x, ckey)
     return out
+
+
+# Note [Slices of split axes]
+# ``x[2:]``, ``u[1:-1, 1:-1]``: a slice of an axis that a mesh dim splits keeps that split,
+# over the slice's own length (numpy.array_split of the result, as any Shard). Each rank's
+# output rows come from input rows at most a few positions away, so each rank fetches just
+# the input box its output needs (reshard.fetch: its own rows, plus the boundary rows of its
+# neighbours, point to point): a stencil's shifted slices move O(boundary) bytes, never the
+# array. A strided slice fetches the bounding box of its rows and keeps every step-th. The
+# gradient is the write of g into zeros of x's layout (ops/mutation.py), the same move back.
+# Keys with an int on a split axis, and Partial inputs, keep the getitem rule (which picks
+# into zeros, Partial(sum), or gathers).
+def _sliced_split(x: DistTensor, ckey: tuple) -> DistTensor | None:
+    spec = x._spec
+    mesh = spec.mesh
+    entries = [k for k in ckey if k is not None]
+    split = {p.dim for m, p in enumerate(spec.placements) if p.is_shard() and mesh.shape[m] > 1}
+    if any(isinstance(entries[a], int) for a in split) or any(
+        p.is_partial() and mesh.shape[m] > 1 for m, p in enumerate(spec.placements)
+    ):
+        return None
+    if all(entries[a] == range(spec.shape[a]) for a in split):
+        return None  # every split axis taken whole: the rule keeps the splits, a view
+    out_shape, where = index_layout(spec.shape, ckey)
+    placements = tuple(Shard(where[p.dim]) if p.is_shard() else p for p in spec.placements)
+    out_spec = DistSpec(mesh, placements, out_shape, spec.dtype)
+    wants = tuple(
+        (r, _source_box(ckey, where, out_spec, mesh.get_coord(r))) for r in mesh.process_ids
+    )
+    piece = _reshard.fetch(x._local, spec, wants)
+    coord = mesh.get_coord(comm.get_rank())
+    if coord is None:
+        local = np.empty(out_spec.local_shape(None), spec.dtype)
+    else:
+        box = dict(wants)[comm.get_rank()]
+        local = piece[_within_box(ckey, where, out_spec.local_box(coord), box)]
+        local = np.ascontiguousarray(local) if local.base is not None else local
+    out = DistTensor(local.reshape(out_spec.local_shape(coord)), out_spec)
+    if x.requires_grad and autograd.is_grad_enabled():
+
+        def backward(grads):
+            zeros = DistTensor(np.zeros(spec.local_shape(coord), spec.dtype), spec)
+            mutation.write_region(zeros, ckey, grads[0])
+            return (zeros,)
+
+        autograd.record("getitem", (x,), (out,), backward)
+    return out
+
+
+def _source_box(ckey: tuple, where: dict, out_spec: DistSpec, coord) -> tuple:
+    """The input box (start, length per input axis) the shard at ``coord`` of the sliced
+    output comes from: the bounding box of its rows on each axis."""
+    obox = out_spec.local_box(coord)
+    box = []
+    axis = 0
+    for k in ckey:
+        if k is None:
+            continue
+        if isinstance(k, int):
+            box.append((k, 1))
+        else:
+            j0, n = obox[where[axis]]
+            rows = k[j0 : j0 + n]
+            if n == 0:
+                box.append((0, 0))
+            else:
+                lo, hi = min(rows[0], rows[-1]), max(rows[0], rows[-1])
+                box.append((lo, hi - lo + 1))
+        axis += 1
+    return tuple(box)
+
+
+def _within_box(ckey: tuple, where: dict, obox: tuple, box: tuple) -> tuple:
+    """Index into the fetched input box that gives this rank's output shard (new axes, ints
+    and every step-th row)."""
+    idx: list[Any] = []
+    axis = 0
+    for k in ckey:
+        if k is None:
+            idx.append(None)
+            continue
+        start = box[axis][0]
+        if isinstance(k, int):
+            idx.append(k - start)
+        else:
+            j0, n = obox[where[axis]]
+            rows = k[j0 : j0 + n]
+            idx.append(
+                _as_slice(range(rows.start - start, rows.stop - start, rows.step))
+                if n
+                else slice(0, 0)
+            )
+        axis += 1
+    return tuple(idx)
 
 
 __all__ = [
