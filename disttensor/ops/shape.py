@@ -39,7 +39,7 @@ from ..spmd.shape_rules import (
     within,
 )
 from ..tensor import DistTensor
-from . import mutation
+from . import indexing, mutation
 
 
 # -- kernels ---------------------------------------------------------------------------------
@@ -290,6 +290,9 @@ def getitem(x, key):
     if not isinstance(x, DistTensor):
         return np.asarray(x)[key]
     if not all(_basic(k) for k in (key if isinstance(key, tuple) else (key,))):
+        out = indexing.gather_by_index(x, key)  # Note [Gathers by index]
+        if out is not None:
+            return out
         reason = "integer-array or boolean key: the tensor gathered"
         return fallback("getitem[advanced]", operator.getitem, (x, key), {}, reason)
     ckey = canonical_key(x.shape, key)

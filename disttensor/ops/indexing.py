@@ -1,0 +1,233 @@
+"""Integer-array and boolean keys without gathering the tensor: ``W[ids]``, ``probs[np.arange(N),
+y]``, ``X[labels == j]``.
+
+Note [Gathers by index]
+    For a key whose integer arrays (or one boolean mask, as its ``nonzero()``) index the
+    leading axes of x and whose remaining entries take axes whole, numpy's result is
+    ``x[c_0[p], ..., c_{k-1}[p], ...]`` at every position p of the indices' broadcast shape S.
+    Every rank knows the indices (numpy arrays as given; DistTensor indices are gathered: their
+    bytes, not x's), so every rank can work out, without asking, which rank holds each
+    selected item. The result keeps x's splits: a split of an indexed axis becomes a split of
+    the result's first axis (the positions p, balanced as any Shard), a split of a trailing
+    axis stays on it. Each rank then receives from each holder just the items of its own
+    positions, point to point; a rank that holds an item itself copies it. So a row lookup
+    moves at most the rows requested, once, and a pick aligned with x's split (``probs[i,
+    y[i]]`` with probs split by rows) moves nothing. Backward is the same exchange the other
+    way, adding into zeros of x's layout (``np.add.at``: repeated indices accumulate). A
+    Partial x stays Partial (each rank picks from its own partial values: the op only moves
+    items). Keys of other forms keep the counted replicate fallback.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .. import autograd, comm
+from ..accounting import outside_rules
+from ..placement import Shard
+from ..spec import DistSpec
+from ..tensor import DistTensor, reshard
+
+
+def gather_by_index(x: DistTensor, key: Any) -> DistTensor | None:
+    """``x[key]`` by Note [Gathers by index]; None when the key is not of its form."""
+    spec = x._spec
+    mesh = spec.mesh
+    coords = _leading_coordinates(spec.shape, key)
+    if coords is None:
+        return None
+    k = len(coords)
+    s_shape = coords[0].shape if coords else ()
+    if not s_shape:
+        return None  # every index a scalar: basic indexing
+    trailing = spec.shape[k:]
+    out_shape = (*s_shape, *trailing)
+    shift = len(s_shape) - k
+    placements = tuple(
+        (Shard(0) if p.dim < k else Shard(p.dim + shift)) if p.is_shard() else p
+        for p in spec.placements
+    )
+    out_spec = DistSpec(mesh, placements, out_shape, spec.dtype)
+    plan = _Plan(spec, out_spec, coords)
+    local = plan.forward(x._local)
+    out = DistTensor(local, out_spec)
+    if x.requires_grad and autograd.is_grad_enabled():
+
+        plain = out_spec.without_partials()  # Note [Partial gradients] in autograd.py
+
+        def backward(grads):
+            g = grads[0]
+            if g._spec != plain:
+                g = reshard(g, mesh, list(plain.placements))
+            return (DistTensor(plan.backward(g._local), spec.without_partials()),)
+
+        autograd.record("getitem[index]", (x,), (out,), backward)
+    return out
+
+
+def _leading_coordinates(shape: tuple[int, ...], key: Any) -> list[np.ndarray] | None:
+    """The global coordinates (one array per indexed leading axis, broadcast together) of a
+    key of Note [Gathers by index]'s form; None for other keys. numpy's IndexError for
+    indices out of bounds."""
+    parts = list(key) if isinstance(key, tuple) else [key]
+    arrays: list[Any] = []
+    i = 0
+    while i < len(parts) and not isinstance(parts[i], (slice, type(None), type(Ellipsis))):
+        arrays.append(parts[i])
+        i += 1
+    rest = parts[i:]
+    if not arrays or any(
+        not (r is Ellipsis or (isinstance(r, slice) and r == slice(None))) for r in rest
+    ):
+        return None
+    with outside_rules("getitem[index]", "a DistTensor index: gathered", always=False):
+        arrays = [a.numpy() if isinstance(a, DistTensor) else a for a in arrays]
+    arrays = [np.asarray(a) for a in arrays]
+    if any(a.dtype == np.bool_ for a in arrays):
+        if len(arrays) != 1 or arrays[0].ndim == 0:
+            return None  # a mask among other indices, or x[True]: the fallback
+        mask = arrays[0]
+        if mask.shape != tuple(shape[: mask.ndim]):
+            raise IndexError(
+                f"boolean index did not match indexed array along axis 0; size of axis is "
+                f"{shape[0] if shape else 0} but size of corresponding boolean axis is "
+                f"{mask.shape[0] if mask.ndim else 0}"
+            )
+        arrays = list(np.nonzero(mask))
+    if any(a.dtype.kind not in "iu" for a in arrays) or len(arrays) > len(shape):
+        return None  # numpy raises its own error through the fallback
+    try:
+        arrays = list(np.broadcast_arrays(*arrays))
+    except ValueError:
+        return None
+    out = []
+    for a, (axis, n) in zip(arrays, enumerate(shape)):
+        bad = (a < -n) | (a >= n)
+        if bad.any():
+            raise IndexError(
+                f"index {a[bad].flat[0]} is out of bounds for axis {axis} with size {n}"
+            )
+        out.append(np.where(a < 0, a + n, a).astype(np.intp))
+    return out
+
+
+def _owner_coordinate(spec: DistSpec, axis: int, idx: np.ndarray) -> dict[int, np.ndarray]:
+    """For each mesh dim that splits ``axis``, the coordinate along it of the shard holding
+    each index (nested splits in mesh-dim order: Note [Nested sharding] in spec.py)."""
+    start = np.zeros(idx.shape, np.intp)
+    length = np.full(idx.shape, spec.shape[axis], np.intp)
+    out = {}
+    for m, p in enumerate(spec.placements):
+        if not (p.is_shard() and p.dim == axis):
+            continue
+        k = spec.mesh.shape[m]
+        q, r = np.divmod(length, k)  # numpy.array_split: the first r parts one longer
+        rel = idx - start
+        big = r * (q + 1)  # the items in the longer parts
+        c = np.where(rel < big, rel // np.maximum(q + 1, 1), r + (rel - big) // np.maximum(q, 1))
+        out[m] = c
+        start = start + c * q + np.minimum(c, r)
+        length = q + (c < r)
+    return out
+
+
+class _Plan:
+    """Who sends which positions to whom, worked out the same on every rank."""
+
+    def __init__(self, spec: DistSpec, out_spec: DistSpec, coords: list[np.ndarray]) -> None:
+        self.spec, self.out_spec = spec, out_spec
+        mesh = spec.mesh
+        self.rank = comm.get_rank()
+        self.coord = mesh.get_coord(self.rank)
+        k = len(coords)
+        owners: dict[int, np.ndarray] = {}
+        for a, c in enumerate(coords):
+            owners.update(_owner_coordinate(spec, a, c))
+        self.k = k
+        self.coords = coords
+        # per receiver: its positions (a flat index into S, C order) and each one's sender
+        self.sends: dict[int, list[tuple[int, np.ndarray]]] = {}  # sender -> [(receiver, pos)]
+        self.mine_from: list[tuple[int, np.ndarray]] = []  # (sender, positions) for this rank
+        s_shape = coords[0].shape
+        flat_owner = {m: o.reshape(-1) for m, o in owners.items()}
+        row = math.prod(s_shape[1:])
+        for r in mesh.process_ids:
+            rc = mesh.get_coord(r)
+            j0, n = out_spec.local_box(rc)[0]
+            pos = np.arange(j0 * row, (j0 + n) * row)
+            if pos.size == 0:
+                continue
+            sender_coord = np.broadcast_to(np.array(rc, np.intp), (pos.size, len(rc))).copy()
+            for m, o in flat_owner.items():
+                sender_coord[:, m] = o[pos]
+            senders = mesh.mesh[tuple(sender_coord.T)]
+            for s in np.unique(senders):
+                chosen = pos[senders == s]
+                self.sends.setdefault(int(s), []).append((r, chosen))
+                if r == self.rank:
+                    self.mine_from.append((int(s), chosen))
+
+    def _local_rows(self, positions: np.ndarray) -> tuple[np.ndarray, ...]:
+        """This rank's local coordinates on the indexed axes of the items at ``positions``."""
+        box = self.spec.local_box(self.coord)
+        return tuple(c.reshape(-1)[positions] - box[a][0] for a, c in enumerate(self.coords))
+
+    def _out_rows(self, positions: np.ndarray) -> np.ndarray:
+        j0, _ = self.out_spec.local_box(self.coord)[0]
+        return positions - j0 * math.prod(self.coords[0].shape[1:])
+
+    def forward(self, local: np.ndarray) -> np.ndarray:
+        shape = self.out_spec.local_shape(self.coord)
+        if self.coord is None:
+            return np.empty(shape, self.spec.dtype)
+        trailing = local.shape[self.k :]
+        out = np.empty((math.prod(shape[: len(shape) - len(trailing)]), *trailing), local.dtype)
+        w = comm.world()
+        pending = []
+        for r, pos in self.sends.get(self.rank, []):
+            rows = local[self._local_rows(pos)]
+            if r == self.rank:
+                out[self._out_rows(pos)] = rows
+            else:
+                pending.append((w.isend(np.ascontiguousarray(rows), r, tag=11), None, None))
+        for s, pos in self.mine_from:
+            if s != self.rank:
+                buf = np.empty((pos.size, *trailing), local.dtype)
+                pending.append((w.irecv(buf, s, tag=11), buf, pos))
+        for work, buf, pos in pending:
+            work.wait()
+            if buf is not None:
+                out[self._out_rows(pos)] = buf
+        return out.reshape(shape)
+
+    def backward(self, g: np.ndarray) -> np.ndarray:
+        """The items of ``g`` (this rank's output shard) added back where they came from."""
+        shape = self.spec.local_shape(self.coord)
+        grad = np.zeros(shape, self.spec.dtype)
+        if self.coord is None:
+            return grad
+        trailing = shape[self.k :]
+        flat = g.reshape(-1, *trailing)
+        w = comm.world()
+        pending = []
+        for s, pos in self.mine_from:
+            rows = flat[self._out_rows(pos)]
+            if s == self.rank:
+                np.add.at(grad, self._local_rows(pos), rows)
+            else:
+                pending.append((w.isend(np.ascontiguousarray(rows), s, tag=12), None, None))
+        for r, pos in self.sends.get(self.rank, []):
+            if r != self.rank:
+                buf = np.empty((pos.size, *trailing), self.spec.dtype)
+                pending.append((w.irecv(buf, r, tag=12), buf, pos))
+        for work, buf, pos in pending:
+            work.wait()
+            if buf is not None:
+                np.add.at(grad, self._local_rows(pos), buf)
+        return grad
+
+
+__all__: list[str] = []  # reached through x[key] (ops/shape.py getitem)
