@@ -13,6 +13,7 @@ import grad_cases
 import mutation_cases
 import numpy as np
 import op_cases
+import reliability_cases
 import spmd_cases as cases
 
 import disttensor as dt
@@ -34,7 +35,7 @@ def main(names: list[str]) -> None:
     world, rank = dt.get_world_size(), dt.get_rank()
     every = cases.ALL + [
         f
-        for m in (op_cases, grad_cases, mutation_cases)
+        for m in (op_cases, grad_cases, mutation_cases, reliability_cases)
         for n, f in vars(m).items()
         if n.startswith("case_")
     ]

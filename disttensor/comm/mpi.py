@@ -2,7 +2,9 @@
 
 Data movement (gather, all-to-all, broadcast, send/recv) sends raw bytes, so every numpy dtype
 works. Reductions use MPI's types: bool is reduced as uint8 with MAX/MIN (logical or/and), and
-float16, which MPI lacks, is reduced in float32.
+float16, which MPI lacks, is reduced in float32. MAX/MIN of floating and complex numbers use
+numpy's maximum/minimum as MPI user ops: MPI's own MAX drops a NaN or keeps it depending on
+the order the ranks are combined in (numpy propagates it), and has no complex MAX at all.
 """
 
 from __future__ import annotations
@@ -29,6 +31,26 @@ def _mpi():
 
 def _IN_PLACE():
     return _mpi().IN_PLACE
+
+
+_NUMPY_OPS: dict[tuple[str, str], object] = {}
+
+
+def _numpy_op(op: str, dtype: np.dtype):
+    """An MPI user op applying numpy's maximum/minimum to ``dtype`` items (NaN propagates,
+    complex numbers compare as numpy compares them); created once per (op, dtype)."""
+    key = (op, dtype.str)
+    mop = _NUMPY_OPS.get(key)
+    if mop is None:
+        f = np.maximum if op == "max" else np.minimum
+
+        def apply(inmem, inoutmem, datatype, dtype=dtype, f=f):
+            a = np.frombuffer(inmem, dtype)
+            b = np.frombuffer(inoutmem, dtype)
+            f(a, b, out=b)
+
+        mop = _NUMPY_OPS[key] = _mpi().Op.Create(apply, commute=True)
+    return mop
 
 
 def _bytes(a: np.ndarray) -> np.ndarray:
@@ -64,8 +86,12 @@ class MPIComm(Communicator):
             return s, _bytes(recv), _OPS["min" if op == "min" else "max"], None
         if send.dtype == np.float16:
             wide = np.empty(recv.shape, np.float32)
-            return send.astype(np.float32), wide, _OPS[op], wide
-        return (_IN_PLACE() if send is recv else send), recv, _OPS[op], None
+            mop = _numpy_op(op, wide.dtype) if op in ("max", "min") else _OPS[op]
+            return send.astype(np.float32), wide, mop, wide
+        mop = _OPS[op]
+        if op in ("max", "min") and send.dtype.kind in "fc":
+            mop = _numpy_op(op, send.dtype)
+        return (_IN_PLACE() if send is recv else send), recv, mop, None
 
     def _finish(self, recv: np.ndarray, wide, op: str) -> None:
         if wide is not None:
