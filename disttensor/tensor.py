@@ -520,11 +520,11 @@ class DistTensor:
         return np.trace(self, offset=offset, axis1=axis1, axis2=axis2, dtype=dtype, out=out)
 
     def cumsum(self, axis=None, dtype=None, out=None):
-        """``np.cumsum`` (the replicate fallback)."""
+        """``np.cumsum``: a local scan plus the shard totals (ops/scan.py)."""
         return np.cumsum(self, axis=axis, dtype=dtype, out=out)
 
     def cumprod(self, axis=None, dtype=None, out=None):
-        """``np.cumprod`` (the replicate fallback)."""
+        """``np.cumprod``: a local scan plus the shard totals (ops/scan.py)."""
         return np.cumprod(self, axis=axis, dtype=dtype, out=out)
 
     def argsort(self, axis=-1, kind=None, order=None, *, stable=None):

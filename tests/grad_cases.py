@@ -651,6 +651,29 @@ def composite_cases() -> list[GradCase]:
     return out
 
 
+# -- scans (disttensor/ops/scan.py) -----------------------------------------------------------
+def scan_cases() -> list[GradCase]:
+    """cumsum and cumprod along each axis and raveled: the local op where the axis is whole,
+    the scan of a split axis (Note [Scans of a split axis]) where it is not; cumprod with
+    zeros (the first zero along the axis gets the product of the others)."""
+    rng = np.random.default_rng(22)
+    x, e = rng.normal(size=UNEVEN), rng.normal(size=EMPTY)
+    z = rng.normal(size=UNEVEN)
+    z[1, 2] = z[3, 2] = z[0, 4] = z[2, 0] = 0.0  # two zeros in a column, one in rows 0 and 2
+    out = []
+    for axis in (0, 1, None):
+        for name in ("cumsum", "cumprod"):
+            fn, ref = getattr(dt, name), getattr(np, name)
+            out.append(bound(f"{name} axis={axis}", fn, ref, (x,), (name,), axis=axis))
+            out.append(_lighten([bound(f"{name} empty axis={axis}", fn, ref, (e,), axis=axis)])[0])
+        out.append(bound(f"cumprod zeros axis={axis}", dt.cumprod, np.cumprod, (z,), axis=axis))
+    out.append(
+        bound("cumsum dtype=float32", dt.cumsum, np.cumsum, (x,), ("cumsum",), axis=0, dtype="f4")
+    )
+    out[-1].grads = lambda cots, a: [np.cumsum(cots[0][::-1], axis=0)[::-1]]
+    return _lighten_all_but(out, {"cumsum axis=0", "cumprod axis=1", "cumprod zeros axis=0"})
+
+
 # -- shape ops ---------------------------------------------------------------------------------
 def _same(name: str, x: np.ndarray, *args, ops: tuple[str, ...] | None = None) -> GradCase:
     """``dt.<name>(x, *args)`` against ``np.<name>(x, *args)``."""

@@ -44,6 +44,8 @@ ALIASES = [
     {np.min, np.amin},
     {np.matmul, np.linalg.matmul},  # the ufunc and np.linalg's function
     {np.matrix_transpose, np.linalg.matrix_transpose},
+    {np.cumsum, np.cumulative_sum},  # the array API's names (axis required for N-D)
+    {np.cumprod, np.cumulative_prod},
 ]
 
 
@@ -113,7 +115,9 @@ def test_implemented_by_covers_the_op_set():
     assert numpy_interop.implemented_by(np.sum) == "sum"
     assert numpy_interop.implemented_by(np.concat) == "concatenate"
     assert numpy_interop.implemented_by(np.emath.sqrt) is None
-    assert numpy_interop.implemented_by(np.cumsum) is None  # the replicate fallback
+    assert numpy_interop.implemented_by(np.cumsum) == "cumsum"
+    assert numpy_interop.implemented_by(np.linalg.norm) == "norm"
+    assert numpy_interop.implemented_by(np.unwrap) is None  # the replicate fallback
 
 
 # -- np.emath and friends: numpy's complex results ----------------------------------------------
@@ -219,7 +223,8 @@ ONE = {  # name -> f(a) for a 2-D float array a (at least 3 columns)
         np.iscomplexobj(a),
         np.isrealobj(a),
     ),
-    "not implemented: linalg.norm": lambda a: np.linalg.norm(a),
+    "linalg.norm": lambda a: (np.linalg.norm(a), np.linalg.norm(a, 1, axis=0)),
+    "not implemented: linalg.norm nuc": lambda a: np.linalg.norm(a, "nuc"),
     "not implemented: unwrap": lambda a: np.unwrap(a),
 }
 
@@ -286,13 +291,23 @@ RULED = {
     "np.trace": lambda x: np.trace(x.T @ x),
     "np.copy": lambda x: np.copy(x),
     "np.zeros_like": lambda x: np.zeros_like(x),
+    "np.cumsum": lambda x: np.cumsum(x, axis=1),
+    "np.cumprod dtype=": lambda x: np.cumprod(x, axis=0, dtype=np.float32),
+    "np.linalg.norm": lambda x: np.linalg.norm(x),
+    "np.allclose": lambda x: np.allclose(x, x),
+    "np.cov": lambda x: np.cov(x, rowvar=False),
+    "np.histogram": lambda x: np.histogram(x, 4),
+    "np.median": lambda x: np.median(x, axis=0),
 }
 FALLBACK = {
     "np.sum dtype=": (lambda x: np.sum(x, dtype=np.float32), "sum"),
     "np.ravel order=F": (lambda x: np.ravel(x, order="F"), "ravel"),
     "np.emath.sqrt": (lambda x: np.emath.sqrt(x), "np.lib.scimath.sqrt"),
-    "np.linalg.norm": (lambda x: np.linalg.norm(x), "np.linalg.norm"),
-    "np.cumsum": (lambda x: np.cumsum(x, axis=1), "cumsum"),
+    "np.linalg.norm nuc": (lambda x: np.linalg.norm(x, "nuc"), "np.linalg.norm"),
+    "np.cumulative_sum include_initial": (
+        lambda x: np.cumulative_sum(x, axis=1, include_initial=True),
+        "cumulative_sum",
+    ),
     "np.diagonal offset": (lambda x: np.diagonal(x, 1), "diagonal"),
 }
 

@@ -12,12 +12,18 @@ from .linalg import *  # noqa: F403
 from .linalg import __all__ as _la
 from .nn import *  # noqa: F403
 from .nn import __all__ as _nn
+from .order_stats import *  # noqa: F403
+from .order_stats import __all__ as _order
 from .reduction import *  # noqa: F403
 from .reduction import __all__ as _red
+from .scan import *  # noqa: F403
+from .scan import __all__ as _scan
 from .shape import *  # noqa: F403
 from .shape import __all__ as _sh
+from .statistics import *  # noqa: F403
+from .statistics import __all__ as _stats
 
-__all__ = [*_ew, *_la, *_red, *_sh, *_nn]
+__all__ = [*_ew, *_la, *_red, *_sh, *_nn, *_scan, *_stats, *_order]
 
 # numpy interop (tensor.py's __array_ufunc__ and __array_function__): ops/numpy_interop.py
 from .numpy_interop import array_function, array_ufunc  # noqa: F401

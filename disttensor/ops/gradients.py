@@ -613,3 +613,35 @@ def _take_labels(ctx, g):
     axis = ctx.attrs["axis"]
     hot = _onehot(labels, axis, x.shape[axis], x.ndim)
     return where(hot, sh.expand_dims(g, axis), 0), None
+
+
+# -- scans (ops/scan.py) -----------------------------------------------------------------------
+def _as_input_dtype(gx, x):
+    """A gradient computed in a scan's ``dtype=`` cast back to its input's dtype."""
+    return gx if gx.dtype == x.dtype else EW["astype"](gx, x.dtype)
+
+
+@gradient("cumsum", reads_values=False)
+def _cumsum(ctx, g):
+    """The reverse cumsum of ``g`` (one more scan: on a split axis one small all-gather)."""
+    from .scan import scan
+
+    axis, reverse = ctx.attrs.get("axis", 0), ctx.attrs.get("reverse", False)
+    return (_as_input_dtype(scan("sum", g, axis, reverse=not reverse), ctx.args[0]),)
+
+
+@gradient("cumprod")
+def _cumprod(ctx, g):
+    """d/dx_i of sum_j g_j y_j is sum_{j >= i} g_j y_j / x_i where x_i != 0, exact with zeros:
+    at the first zero along the axis it is the reverse cumsum of g times the cumprod with that
+    zero read as 1; later items (zero or not) get zero, as their products all hold it."""
+    from .scan import scan
+
+    x, y = ctx.args[0], ctx.out
+    axis, dtype = ctx.attrs.get("axis", 0), ctx.attrs.get("dtype")
+    zero = EW["equal"](x, 0)
+    first = EW["logical_and"](zero, EW["equal"](scan("sum", zero, axis), 1))
+    y1 = scan("prod", where(first, 1, x), axis, dtype)
+    before = div(scan("sum", mul(g, y), axis, reverse=True), where(zero, 1, x))
+    at_zero = scan("sum", mul(g, y1), axis, reverse=True)
+    return (_as_input_dtype(where(zero, at_zero, before), x),)

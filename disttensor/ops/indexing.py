@@ -55,7 +55,6 @@ def gather_by_index(x: DistTensor, key: Any) -> DistTensor | None:
     local = plan.forward(x._local)
     out = DistTensor(local, out_spec)
     if x.requires_grad and autograd.is_grad_enabled():
-
         plain = out_spec.without_partials()  # Note [Partial gradients] in autograd.py
 
         def backward(grads):

@@ -16,6 +16,7 @@ from typing import Any
 from ..mesh import ProcessMesh
 from . import nn_rules as _nn_rules  # noqa: F401  (each module registers its rules)
 from . import rules as _rules  # noqa: F401
+from . import scan_rules as _scan_rules  # noqa: F401
 from . import shape_rules as _shape_rules  # noqa: F401
 from .core import RuleResult, TensorSpec, get_rule, register, registered_ops, replicate_fallback
 
