@@ -231,20 +231,19 @@ def _np_broadcast_to(given):
     return sh.broadcast_to(given["array"], given["shape"])
 
 
-@implements(np.concatenate, name="concatenate")
-def _np_concatenate(given):
-    g = _only(given, "arrays", "axis")
-    if given.get("casting", "same_kind") != "same_kind":
-        raise Unsupported("casting=")
-    return sh.concatenate(g["arrays"], g.get("axis", 0))
+def _joining(func: Callable, ours: Callable) -> None:
+    """np.concatenate/np.stack: the arrays and the axis; other casting goes to numpy."""
+
+    @implements(func, name=func.__name__)
+    def impl(given):
+        g = _only(given, "arrays", "axis")
+        if given.get("casting", "same_kind") != "same_kind":
+            raise Unsupported("casting=")
+        return ours(g["arrays"], g.get("axis", 0))
 
 
-@implements(np.stack, name="stack")
-def _np_stack(given):
-    g = _only(given, "arrays", "axis")
-    if given.get("casting", "same_kind") != "same_kind":
-        raise Unsupported("casting=")
-    return sh.stack(g["arrays"], g.get("axis", 0))
+_joining(np.concatenate, sh.concatenate)
+_joining(np.stack, sh.stack)
 
 
 @implements(np.split, name="split")

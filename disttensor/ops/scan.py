@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -171,20 +172,19 @@ def cumprod(a, axis=None, dtype=None):
     return scan("prod", a, axis, dtype)
 
 
-@implements(np.cumsum, name="cumsum")
-def _np_cumsum(given):
-    g = _only(given, "a", "axis", "dtype")
-    if not isinstance(g["a"], DistTensor):
-        raise Unsupported("not a DistTensor")
-    return cumsum(g["a"], g.get("axis"), g.get("dtype"))
+def _np_scan(func: Callable, kind: str) -> None:
+    """np.cumsum/np.cumprod of a DistTensor: its array, axis and dtype."""
+
+    @implements(func, name=func.__name__)
+    def impl(given):
+        g = _only(given, "a", "axis", "dtype")
+        if not isinstance(g["a"], DistTensor):
+            raise Unsupported("not a DistTensor")
+        return scan(kind, g["a"], g.get("axis"), g.get("dtype"))
 
 
-@implements(np.cumprod, name="cumprod")
-def _np_cumprod(given):
-    g = _only(given, "a", "axis", "dtype")
-    if not isinstance(g["a"], DistTensor):
-        raise Unsupported("not a DistTensor")
-    return cumprod(g["a"], g.get("axis"), g.get("dtype"))
+_np_scan(np.cumsum, "sum")
+_np_scan(np.cumprod, "prod")
 
 
 def _cumulative(func, kind: str) -> None:
