@@ -80,3 +80,72 @@ def test_mpi_progress_benchmark_runs():
     code, out = run(2, ["bench/mpi_progress.py", "--quick"], timeout=120)
     assert code == 0, out
     assert "hidden" in out and "no test" in out, out
+
+
+# -- no silent hangs (disttensor/comm/watchdog.py: Note [Waiting for a rank that is gone]) ------
+LEAVES = """
+import sys, numpy as np, disttensor as dt
+mesh = dt.init_mesh((dt.get_world_size(),))
+x = dt.shard_tensor(np.arange(8.0), mesh, [dt.Shard(0)])
+if dt.get_rank() == 1:
+    sys.exit(3)
+x.numpy()
+print("unreachable", flush=True)
+"""
+
+PRINTS_ON_RANK_0 = """
+import numpy as np, disttensor as dt
+mesh = dt.init_mesh((dt.get_world_size(),))
+x = dt.shard_tensor(np.arange(8.0), mesh, [dt.Shard(0)])
+if dt.get_rank() == 0:
+    print(x)
+"""
+
+DIVERGES = """
+import numpy as np, disttensor as dt
+mesh = dt.init_mesh((dt.get_world_size(),))
+x = dt.shard_tensor(np.arange(8.0), mesh, [dt.Shard(0)])
+y = dt.shard_tensor(np.arange(8.0), mesh, [dt.Partial()])
+x.numpy() if dt.get_rank() == 0 else y.numpy()
+print("finished", flush=True)
+"""
+
+BUSY_RANK_0 = """
+import time, numpy as np, disttensor as dt
+mesh = dt.init_mesh((dt.get_world_size(),))
+x = dt.shard_tensor(np.arange(8.0), mesh, [dt.Shard(0)])
+total = float(x.sum())
+if dt.get_rank() == 0:
+    time.sleep(2)  # works on alone: the others wait for it at exit, and nothing aborts
+    print("done", total, flush=True)
+"""
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(
+    "script,env,says",
+    [
+        (LEAVES, {}, "rank 1 left the job"),
+        (PRINTS_ON_RANK_0, {}, "left the job"),
+        (DIVERGES, {"DISTTENSOR_TIMEOUT": "2"}, "no reply after DISTTENSOR_TIMEOUT=2 s"),
+        (DIVERGES, {"DISTTENSOR_CHECK_COLLECTIVES": "1"}, "called different collectives"),
+    ],
+    ids=["sys.exit on one rank", "print on rank 0", "diverged, timeout", "diverged, checked"],
+)
+def test_a_rank_waiting_for_a_call_that_never_comes_ends_the_job(script, env, says, tmp_path):
+    path = tmp_path / "waits.txt"
+    path.write_text(script)
+    t = time.perf_counter()
+    code, out = run(3, [str(path)], timeout=60, env=env)
+    assert code != 0, out
+    assert says in out and "unreachable" not in out and "finished" not in out, out
+    assert time.perf_counter() - t < 30, "the job should end within seconds"
+
+
+@pytest.mark.mpi
+def test_a_rank_that_finishes_first_waits_for_the_others(tmp_path):
+    path = tmp_path / "busy_rank.txt"
+    path.write_text(BUSY_RANK_0)
+    code, out = run(3, [str(path)], timeout=60)
+    assert code == 0, out
+    assert "done 28.0" in out and "Abort" not in out, out

@@ -17,6 +17,7 @@ import traceback
 import numpy as np
 
 from .base import Communicator, Work, displacements, equal_counts
+from .watchdog import WATCH, check_collectives
 
 _OPS = {}
 
@@ -164,9 +165,68 @@ class MPIComm(Communicator):
         return self.comm.allgather(obj)
 
 
+def _check_same_call(comm: MPIComm, what: str) -> None:
+    """DISTTENSOR_CHECK_COLLECTIVES: every rank of the group about to make the same call."""
+    kinds = comm.comm.allgather(what)
+    if len(set(kinds)) > 1:
+        raise RuntimeError(
+            f"ranks {list(comm.ranks)} called different collectives at the same point: "
+            + ", ".join(f"rank {r}: {k}" for r, k in zip(comm.ranks, kinds))
+            + ". Every rank must make the same collective calls in the same order (printing, "
+            "numpy(), float() or an op on some ranks only diverges them)"
+        )
+
+
+def _watched(name: str, what: str, nonblocking: bool = False) -> None:
+    """Register MPIComm's ``name`` with the watchdog while it blocks (Note [Waiting for a
+    rank that is gone]); a non-blocking call is registered while its Work waits."""
+    call = getattr(MPIComm, name)
+
+    def blocking(self, *args):
+        if check_collectives() and what != "recv":
+            _check_same_call(self, what)
+        key = WATCH.enter(what, self.ranks)
+        try:
+            return call(self, *args)
+        finally:
+            WATCH.exit(key)
+
+    def started(self, *args):
+        work = call(self, *args)
+        wait, ranks = work._wait, self.ranks
+        if wait is not None:
+
+            def watched_wait() -> None:
+                key = WATCH.enter(what, ranks)
+                try:
+                    wait()
+                finally:
+                    WATCH.exit(key)
+
+            work._wait = watched_wait
+        return work
+
+    setattr(MPIComm, name, started if nonblocking else blocking)
+
+
+for _name, _what in [
+    ("_allreduce", "all_reduce"),
+    ("_reduce_scatter", "reduce_scatter"),
+    ("_allgather", "all_gather"),
+    ("_alltoall", "all_to_all"),
+    ("_broadcast", "broadcast"),
+    ("_barrier", "barrier"),
+    ("_allgather_object", "all_gather_object"),
+]:
+    _watched(_name, _what)
+for _name, _what in [("_iallreduce", "all_reduce"), ("_isend", "send"), ("_irecv", "recv")]:
+    _watched(_name, _what, nonblocking=True)
+
+
 def world_comm() -> MPIComm:
     MPI = _mpi()
     w = MPI.COMM_WORLD
+    WATCH.start(MPI)
     return MPIComm(w, tuple(range(w.Get_size())))
 
 

@@ -75,12 +75,23 @@ class _Group:
             ) from None
 
     def exchange(self, i: int, item: Any, what: str, compute: Callable[[list], Any]) -> Any:
-        """Post ``item``, then return ``compute(all posted items)`` once every rank has posted."""
+        """Post ``item``, then return ``compute(all posted items)`` once every rank has posted.
+        Ranks that reached different collectives (``what``) raise a clear error, all of them,
+        instead of mixing their buffers."""
         self.world.check()
-        self.slots[i] = item
+        self.slots[i] = (what, item)
         self._meet(what)
         try:
-            return compute(list(self.slots))
+            posted = list(self.slots)
+            kinds = [k for k, _ in posted]
+            if len(set(kinds)) > 1:
+                raise RuntimeError(
+                    f"ranks {list(self.ranks)} called different collectives at the same point: "
+                    + ", ".join(f"rank {r}: {k}" for r, k in zip(self.ranks, kinds))
+                    + ". Every rank must make the same collective calls in the same order "
+                    "(printing, numpy(), float() or an op on some ranks only diverges them)"
+                )
+            return compute([x for _, x in posted])
         finally:
             self._meet(what)  # nobody reuses the slots before everyone has read them
 
