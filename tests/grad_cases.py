@@ -1075,3 +1075,95 @@ def mpi_cases() -> list[GradCase]:
 def case_grad_models(world: int) -> int:
     """mpi_cases() on the meshes (1), (2), (3), (4), (2, 2) that fit the world."""
     return _mpi_run(world, mpi_cases())
+
+
+# -- layout ops (disttensor/ops/layout.py) ---------------------------------------------------------
+def layout_cases() -> list[GradCase]:
+    """flip, roll, pad (remap: the inverse map back), diff, tril/triu, diagonals (diagonal and
+    diag_embed, each the other's gradient), trace, take_along_axis (a scatter-add back, and
+    that scatter's own gradient), tensordot and the stacking functions (composites)."""
+    from disttensor.ops import layout
+
+    rng = np.random.default_rng(23)
+    x, e, sq = rng.normal(size=UNEVEN), rng.normal(size=EMPTY), rng.normal(size=(5, 5))
+    v = rng.normal(size=(4,))
+    rows = rng.integers(-5, 5, (6, 7))  # along axis 0 of UNEVEN: repeated and negative
+    cols = rng.integers(0, 7, (5, 3))
+    g = rng.normal(size=(5, 3))
+
+    def scatter(a, i):
+        out = np.zeros(UNEVEN)
+        np.add.at(out, (np.arange(5)[:, None], i), a)
+        return out
+
+    def one(label, fn, arr, ops, grid="light"):
+        return GradCase(label, fn, fn, (arr,), ops=ops, grid=grid)
+
+    cases = [
+        one("flip axis 0", lambda a: np.flip(a, 0), x, ("remap",), grid="default"),
+        one("flip empty", np.flip, e, ("remap",)),
+        one("roll 2 axis 0", lambda a: np.roll(a, 2, 0), x, ("remap",), grid="default"),
+        one("roll (1, -3) axes (0, 1)", lambda a: np.roll(a, (1, -3), (0, 1)), x, ("remap",)),
+        one(
+            "pad ((1, 2), (0, 1)) value 0.5",
+            lambda a: np.pad(a, ((1, 2), (0, 1)), constant_values=0.5),
+            x,
+            ("remap",),
+            grid="default",
+        ),
+        one("diff axis 0", lambda a: np.diff(a, axis=0), x, ("diff",), grid="default"),
+        one("diff 2 axis 1 prepend", lambda a: np.diff(a, 2, 1, prepend=1.0), x, ("remap", "diff")),
+        one("diff empty", lambda a: np.diff(a, axis=0), e, ("diff",)),
+        one("tril 1", lambda a: np.tril(a, 1), x, ("tril",), grid="default"),
+        one("triu -1", lambda a: np.triu(a, -1), x, ("triu",)),
+        one("diagonal square", np.diagonal, sq, ("diagonal",), grid="default"),
+        one("diagonal 1", lambda a: np.diagonal(a, 1), x, ("diagonal",), grid="default"),
+        one("trace -1", lambda a: np.trace(a, -1), x, ("diagonal",)),
+        one("diag of a vector", lambda a: np.diag(a, 1), v, ("diag_embed",), grid="default"),
+        one("diag of a vector, no offset", np.diag, v, ("diag_embed",)),
+        one("tensordot", lambda a: np.tensordot(a, a, ([0], [0])), x, ("einsum",)),
+        one(
+            "hstack vstack",
+            lambda a: np.vstack([np.hstack([a, a]), a[:1].repeat(2, 1)]),
+            x,
+            ("concatenate",),
+        ),
+        GradCase(
+            "vstack along a split axis (join)",
+            lambda a, b: np.vstack([a, b]),
+            lambda a, b: np.vstack([a, b]),
+            (x, rng.normal(size=(2, 7))),
+            ops=("join",),
+            grid=lambda mesh: (
+                []
+                if mesh.size == 1
+                else _on(
+                    [([S0], [S0])],
+                    [([S0, S1], [S0, S1]), ([S1, S0], [S1, S0]), ([PSUM, S0], [PSUM, S0])],
+                )(mesh)
+            ),
+        ),
+        GradCase(
+            "take_along_axis axis 0",
+            lambda a, i: np.take_along_axis(a, i, 0),
+            lambda a, i: np.take_along_axis(a, i, 0),
+            (x, rows),
+            ops=("take_along_axis",),
+        ),
+        GradCase(
+            "take_along_axis axis 1, broadcast",
+            lambda a, i: np.take_along_axis(a, i, 1),
+            lambda a, i: np.take_along_axis(a, i, 1),
+            (rng.normal(size=(1, 7)), cols),
+            ops=("take_along_axis",),
+            grid="light",
+        ),
+        GradCase(
+            "take_along_axis_grad (scatter-add)",
+            lambda a, i: layout.OPS["take_along_axis_grad"](a, i, axis=1, length=7),
+            scatter,
+            (g, cols),
+            ops=("take_along_axis_grad",),
+        ),
+    ]
+    return cases

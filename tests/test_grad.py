@@ -18,6 +18,7 @@ from grad_cases import (
     composite_cases,
     constant_cases,
     internal_cases,
+    layout_cases,
     linalg_cases,
     mpi_cases,
     nn_cases,
@@ -62,6 +63,7 @@ GROUPS = {
     "internal": internal_cases(),
     "nn": nn_cases(),
     "reshard": reshard_cases(),
+    "layout": layout_cases(),
 }
 
 

@@ -298,6 +298,18 @@ RULED = {
     "np.cov": lambda x: np.cov(x, rowvar=False),
     "np.histogram": lambda x: np.histogram(x, 4),
     "np.median": lambda x: np.median(x, axis=0),
+    "np.diagonal offset": lambda x: np.diagonal(x, 1),
+    "np.trace offset": lambda x: np.trace(x, -1),
+    "np.flip": lambda x: np.flip(x),
+    "np.roll": lambda x: np.roll(x, 2, axis=0),
+    "np.pad": lambda x: np.pad(x, 1),
+    "np.diff": lambda x: np.diff(x, axis=0),
+    "np.tril": lambda x: np.tril(x),
+    "np.take_along_axis": lambda x: np.take_along_axis(x, np.zeros((1, 5), int), 0),
+    "np.tensordot": lambda x: np.tensordot(x, x, 2),
+    "np.nonzero": lambda x: np.nonzero(x),
+    "np.where(condition)": lambda x: np.where(x),
+    "np.vstack": lambda x: np.vstack([x, x]),
 }
 FALLBACK = {
     "np.sum dtype=": (lambda x: np.sum(x, dtype=np.float32), "sum"),
@@ -308,7 +320,7 @@ FALLBACK = {
         lambda x: np.cumulative_sum(x, axis=1, include_initial=True),
         "cumulative_sum",
     ),
-    "np.diagonal offset": (lambda x: np.diagonal(x, 1), "diagonal"),
+    "np.pad mode=edge": (lambda x: np.pad(x, 1, mode="edge"), "pad"),
 }
 
 

@@ -8,6 +8,8 @@ from . import (
 )
 from .elementwise import *  # noqa: F403
 from .elementwise import __all__ as _ew
+from .layout import *  # noqa: F403
+from .layout import __all__ as _layout
 from .linalg import *  # noqa: F403
 from .linalg import __all__ as _la
 from .nn import *  # noqa: F403
@@ -23,7 +25,7 @@ from .shape import __all__ as _sh
 from .statistics import *  # noqa: F403
 from .statistics import __all__ as _stats
 
-__all__ = [*_ew, *_la, *_red, *_sh, *_nn, *_scan, *_stats, *_order]
+__all__ = [*_ew, *_la, *_red, *_sh, *_nn, *_scan, *_stats, *_order, *_layout]
 
 # numpy interop (tensor.py's __array_ufunc__ and __array_function__): ops/numpy_interop.py
 from .numpy_interop import array_function, array_ufunc  # noqa: F401

@@ -23,6 +23,7 @@ import numpy as np
 from ..autograd import NOT_DIFFERENTIABLE, GradContext, gradient
 from ..spmd.core import parse_equation
 from ..tensor import DistTensor
+from . import layout as lay
 from . import linalg as la
 from . import nn
 from . import reduction as red
@@ -645,3 +646,77 @@ def _cumprod(ctx, g):
     before = div(scan("sum", mul(g, y), axis, reverse=True), where(zero, 1, x))
     at_zero = scan("sum", mul(g, y1), axis, reverse=True)
     return (_as_input_dtype(where(zero, at_zero, before), x),)
+
+
+# -- layout ops (ops/layout.py) ----------------------------------------------------------------
+@gradient("remap", reads_values=False)
+def _remap(ctx, g):
+    """The inverse map: the same exchange back (Note [Boxes by index maps])."""
+    x = ctx.args[0]
+    maps = lay.inverse_maps(ctx.attrs["maps"], x.shape)
+    return (lay.remap(g, maps, x.shape),)
+
+
+@gradient("join", reads_values=False)
+def _join(ctx, g):
+    """Each input's slot of g (Note [Joins along a split axis]): the same exchange back."""
+    axis, start, out = ctx.attrs["axis"], 0, []
+    for size, need in zip(ctx.attrs["sizes"], ctx.needs):
+        out.append(lay.crop(g, axis, start, size) if need else None)
+        start += size
+    return out
+
+
+@gradient("diff", reads_values=False)
+def _diff(ctx, g):
+    """diff is linear; the adjoint of one difference is ``-diff(pad(g, 1, 1))``."""
+    axis = ctx.attrs["axis"]
+    for _ in range(ctx.attrs["n"]):
+        g = -lay.diff(lay.shift_axis(g, axis, 1, 1), 1, axis)
+    return (g,)
+
+
+def _triangle(name: str):
+    def grad(ctx, g):  # the same mask: tril/triu are projections
+        return (lay.OPS[name](g, k=ctx.attrs.get("k", 0)),)
+
+    return grad
+
+
+gradient("tril", reads_values=False)(_triangle("tril"))
+gradient("triu", reads_values=False)(_triangle("triu"))
+
+
+@gradient("diagonal", reads_values=False)
+def _diagonal(ctx, g):
+    """The diagonal written into zeros (Note [Diagonals of split matrices])."""
+    x = ctx.args[0]
+    return (lay.diag_embed(g, ctx.attrs.get("offset", 0), x.shape[-2:]),)
+
+
+@gradient("diag_embed", reads_values=False)
+def _diag_embed(ctx, g):
+    return (lay.OPS["diagonal"](g, offset=ctx.attrs.get("offset", 0)),)
+
+
+@gradient("take_along_axis")
+def _take_along_axis(ctx, g):
+    """g added back at the indices (repeated indices accumulate), summed over the axes
+    along which arr was broadcast."""
+    arr, idx = ctx.args
+    if not ctx.needs[0]:
+        return None, None
+    axis = ctx.attrs["axis"]
+    if _shape(idx) != g.shape:
+        if isinstance(idx, DistTensor):
+            idx = sh.broadcast_to(idx, g.shape)
+        else:
+            idx = np.ascontiguousarray(np.broadcast_to(idx, g.shape))
+    gx = lay.OPS["take_along_axis_grad"](g, idx, axis=axis, length=arr.shape[axis])
+    return _sum_to(gx, arr.shape), None
+
+
+@gradient("take_along_axis_grad")
+def _take_along_axis_grad(ctx, gg):  # linear in g: its gradient is the gather
+    idx = ctx.args[1]
+    return lay.OPS["take_along_axis"](gg, idx, axis=ctx.attrs["axis"]), None

@@ -39,7 +39,6 @@ from . import shape as sh
 from .elementwise import OPS as EW
 from .elementwise import astype as _astype
 from .elementwise import clip as _clip
-from .elementwise import where as _where
 from .ndarray import (
     Unsupported,
     _on_copy,
@@ -135,13 +134,6 @@ def _np_clip(given):
         raise Unsupported("numpy's error for both a_min and min")
     lo, hi = g.get("a_min", g.get("min")), g.get("a_max", g.get("max"))
     return _clip(g["a"], lo, hi)
-
-
-@implements(np.where, name="where")
-def _np_where(given):
-    if len(given) != 3:
-        raise Unsupported("np.where(condition): the nonzero form")
-    return _where(given["condition"], given["x"], given["y"])
 
 
 @implements(np.real, name="real")
@@ -279,35 +271,7 @@ for _func, _impl in (
     implements(_func, name=_func.__name__)(lambda given, impl=_impl: impl(**given))
 
 
-def _square(a: Any, offset: Any, axis1: Any, axis2: Any) -> bool:
-    """Whether the call asks for a square 2-D DistTensor's main diagonal (einsum's repeated
-    letter, which is never split)."""
-    if not isinstance(a, DistTensor) or a.ndim != 2 or a.shape[0] != a.shape[1] or offset != 0:
-        return False
-    try:
-        axes = {normalize_axis_index(operator.index(i), 2) for i in (axis1, axis2)}
-    except (TypeError, np.exceptions.AxisError):
-        return False  # numpy's error, from the fallback
-    return axes == {0, 1}
-
-
-@implements(np.diagonal, name="diagonal")
-def _np_diagonal(given):
-    a = given["a"]
-    if not _square(a, given.get("offset", 0), given.get("axis1", 0), given.get("axis2", 1)):
-        raise Unsupported("not the main diagonal of a square matrix")
-    return la.einsum("ii->i", a)
-
-
-@implements(np.trace, name="trace")
-def _np_trace(given):
-    g = _only(given, "a", "offset", "axis1", "axis2")
-    a = g["a"]
-    if not _square(a, g.get("offset", 0), g.get("axis1", 0), g.get("axis2", 1)):
-        raise Unsupported("not the main diagonal of a square matrix")
-    if a.dtype.kind not in "fc":  # numpy sums integers and bools in a wider type
-        raise Unsupported("integer trace")
-    return la.einsum("ii->", a)
+# np.diagonal, np.trace, np.diag, np.where, ...: ops/layout.py
 
 
 # creation and copies: no communication

@@ -269,7 +269,11 @@ def concatenate(arrays, axis=0):
     arrays = _operands(arrays)
     if axis is None:
         arrays, axis = [ravel(a) for a in arrays], 0
-    return OPS["concatenate"](*arrays, axis=operator.index(axis))
+    axis = operator.index(axis)
+    from .layout import join_split  # layout is built on this module
+
+    out = join_split(arrays, axis)  # a split joined axis stays split (point to point)
+    return out if out is not None else OPS["concatenate"](*arrays, axis=axis)
 
 
 def stack(arrays, axis=0):

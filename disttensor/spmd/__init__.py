@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..mesh import ProcessMesh
-from . import nn_rules as _nn_rules  # noqa: F401  (each module registers its rules)
+from . import layout_rules as _layout_rules  # noqa: F401  (each module registers its rules)
+from . import nn_rules as _nn_rules  # noqa: F401
 from . import rules as _rules  # noqa: F401
 from . import scan_rules as _scan_rules  # noqa: F401
 from . import shape_rules as _shape_rules  # noqa: F401
