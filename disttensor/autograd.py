@@ -348,7 +348,9 @@ def backward(tensor: Any, grad: Any = None, retain_graph: bool = False) -> None:
             )
         # the seed: ones where the tensor has its shard (its local shape is the one of its
         # spec with Partials read as Replicate, also off the mesh)
-        grad = _tensor_type()(np.ones(tensor._local.shape, spec.dtype), spec.without_partials())
+        shape = tensor._local.shape
+        one = np.array(1, spec.dtype) if not shape else np.ones(shape, spec.dtype)
+        grad = _tensor_type()(one, spec.without_partials())
     else:
         if not isinstance(grad, _tensor_type()):
             from .placement import Replicate
@@ -460,6 +462,7 @@ def _run(root, grad, retain_graph: bool) -> None:
     ready = [(first.seq, first)]  # Note [Cheap nodes]: newest first
     memo = _memo
     prev = memo.table
+    table: dict = {}  # reshards reused within one gradient function (emptied per node)
     pop, push = heapq.heappop, heapq.heappush
     try:
         while ready:
@@ -480,7 +483,9 @@ def _run(root, grad, retain_graph: bool) -> None:
                     )
                 else:
                     outs = outs[0]
-                memo.table = {}  # reshards reused within this gradient function only
+                if table:
+                    table.clear()
+                memo.table = table  # only while the gradient function runs (not for hooks)
                 in_grads = node.fn(node, outs)
                 memo.table = prev
             if not retain_graph:  # free what the node holds: saved tensors and its inputs
@@ -488,9 +493,13 @@ def _run(root, grad, retain_graph: bool) -> None:
                 node.args = node.attrs = node.saved = None
             # last argument first: the reverse of the use, also inside one op (a linear's
             # bias gradient is final before its weight's: Note [Gradient buckets])
-            for t, g in zip(reversed(inputs), reversed(in_grads)):
+            k = len(inputs)
+            while k:
+                k -= 1
+                t = inputs[k]
                 if t is None:
                     continue
+                g = in_grads[k]
                 if g is not None:
                     gs, ts = g._spec, t._spec
                     if gs is not ts and (gs.shape != ts.shape or gs.dtype != ts.dtype):
@@ -507,7 +516,11 @@ def _run(root, grad, retain_graph: bool) -> None:
                         if g is not None:
                             leaf_grads[key] = g
                     elif g is not None:
-                        _finish_leaf(t, g, handed)
+                        if t._hooks is None and t.grad is None and id(g) not in handed:
+                            t.grad = g  # _finish_leaf's common case, spelled out
+                            handed.add(id(g))
+                        else:
+                            _finish_leaf(t, g, handed)
                 else:
                     parent, i = tn
                     if g is not None:
@@ -516,8 +529,9 @@ def _run(root, grad, retain_graph: bool) -> None:
                             acc = grads[parent] = [None] * len(parent.out_specs)
                         acc[i] = g if acc[i] is None else acc[i] + g
                     left = pending[parent] - 1
-                    pending[parent] = left
-                    if left == 0:
+                    if left:
+                        pending[parent] = left
+                    else:
                         push(ready, (parent.seq, parent))
     finally:
         memo.table = prev

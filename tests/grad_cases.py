@@ -861,6 +861,14 @@ def internal_cases() -> list[GradCase]:
             (rng.normal(size=UNEVEN), rng.uniform(0.05, 0.95, size=UNEVEN)),
             ops=("sigmoid_grad",),
         ),
+        # a mean's gradient: the broadcast and the 1/count scale in one op
+        GradCase(
+            "broadcast_to scaled (mean's gradient)",
+            lambda a: sh.OPS["broadcast_to"](a, shape=(6, 5, 7), scale=0.25),
+            lambda a: np.broadcast_to(a, (6, 5, 7)) * 0.25,
+            (rng.normal(size=(5, 1)),),
+            ops=("broadcast_to",),
+        ),
     ]
 
 

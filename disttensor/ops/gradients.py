@@ -75,12 +75,13 @@ def _sum_to(g, shape: tuple[int, ...]):
 
 
 def _binary(ctx: GradContext, gx, gy):
-    """Per-argument gradients of a broadcasting op, each summed to its argument's shape."""
+    """Per-argument gradients of a broadcasting op, each summed to its argument's shape
+    (``gx``/``gy`` are called only for the arguments that need one)."""
     x, y = ctx.args[:2]
-    needs = ctx.needs
+    ins = ctx.inputs
     return (
-        _sum_to(gx(), _shape(x)) if needs[0] else None,
-        _sum_to(gy(), _shape(y)) if needs[1] else None,
+        _sum_to(gx(), _shape(x)) if ins[0] is not None else None,
+        _sum_to(gy(), _shape(y)) if ins[1] is not None else None,
     )
 
 
@@ -185,7 +186,12 @@ def _silu(ctx, g):
 
 @gradient("add", reads_values=False)
 def _add(ctx, g):
-    return _binary(ctx, lambda: g, lambda: g)
+    x, y = ctx.args[:2]
+    ins = ctx.inputs
+    return (
+        _sum_to(g, _shape(x)) if ins[0] is not None else None,
+        _sum_to(g, _shape(y)) if ins[1] is not None else None,
+    )
 
 
 @gradient("subtract", reads_values=False)
@@ -196,7 +202,11 @@ def _subtract(ctx, g):
 @gradient("multiply")
 def _multiply(ctx, g):
     x, y = ctx.args[:2]
-    return _binary(ctx, lambda: mul(g, y), lambda: mul(g, x))
+    ins = ctx.inputs
+    return (
+        _sum_to(mul(g, y), _shape(x)) if ins[0] is not None else None,
+        _sum_to(mul(g, x), _shape(y)) if ins[1] is not None else None,
+    )
 
 
 @gradient("divide", "true_divide")
@@ -290,8 +300,14 @@ def _astype(ctx, g):
 @gradient("matmul")
 def _matmul(ctx, g):
     attrs = ctx.attrs
-    needs = ctx.needs
     x, y = ctx.args
+    if not attrs and len(_shape(x)) == 2 == len(_shape(y)):  # matrices, spelled out
+        ins = ctx.inputs
+        return (
+            _MATMUL(g, y, trans_x=False, trans_y=True) if ins[0] is not None else None,
+            _MATMUL(x, g, trans_x=True, trans_y=False) if ins[1] is not None else None,
+        )
+    needs = ctx.needs
     return _matmul_grads(
         x, y, g, needs[0], needs[1], attrs.get("trans_x", False), attrs.get("trans_y", False)
     )
@@ -409,13 +425,16 @@ def _reduced(ctx) -> tuple[int, ...]:
     return red._axes(ctx.attrs.get("axis"), ctx.args[0].ndim)
 
 
-def _spread(ctx, g):
-    """``g`` (of the reduction's output) broadcast back to the input's shape."""
+def _spread(ctx, g, scale: float | None = None):
+    """``g`` (of the reduction's output) broadcast back to the input's shape (times
+    ``scale`` > 0, in the same op)."""
     shape = ctx.args[0].shape
     if g._spec.shape and not ctx.attrs.get("keepdims", False):  # a 0-d g broadcasts as it is
         axes = _reduced(ctx)
         g = _reshaped(g, tuple(1 if a in axes else n for a, n in enumerate(shape)))
-    return _BROADCAST_TO(g, shape=shape)  # a DistTensor's shape: a tuple of ints already
+    if scale is None:
+        return _BROADCAST_TO(g, shape=shape)  # a DistTensor's shape: a tuple of ints already
+    return _BROADCAST_TO(g, shape=shape, scale=scale)
 
 
 @gradient("sum", reads_values=False)
@@ -426,8 +445,9 @@ def _sum(ctx, g):
 @gradient("mean", reads_values=False)
 def _mean(ctx, g):
     shape = ctx.args[0].shape
-    count = math.prod([shape[a] for a in _reduced(ctx)])
-    return (_spread(ctx, mul(g, 1.0 / count) if count else g),)
+    axis = ctx.attrs.get("axis")
+    count = math.prod(shape) if axis is None else math.prod([shape[a] for a in _reduced(ctx)])
+    return (_spread(ctx, g, 1.0 / count) if count else _spread(ctx, g),)
 
 
 def _extreme(ctx, g):
@@ -482,7 +502,9 @@ def _swapaxes(ctx, g):
 
 @gradient("broadcast_to", reads_values=False)
 def _broadcast_to(ctx, g):
-    return (_sum_to(g, ctx.args[0].shape),)
+    scale = ctx.attrs.get("scale")
+    g = _sum_to(g, ctx.args[0].shape)
+    return (g if scale is None else mul(g, scale),)
 
 
 @gradient("tile", reads_values=False)

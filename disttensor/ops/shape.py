@@ -70,14 +70,19 @@ def _relaid(out_shape):
     return kernel
 
 
-def _broadcast_to(x, shape, *, ctx: KernelContext | None = None):
+def _broadcast_to(x, shape, scale=None, *, ctx: KernelContext | None = None):
+    """``scale`` (internal, > 0, so Partials of every reduce type stay exact): the broadcast
+    times ``scale`` in one pass, the gradient of a mean (ops/gradients.py)."""
     out = _local(ctx, lambda: broadcast_shape(_global_shape(x, ctx), shape))
     # a copy, not numpy's read-only view: the result is a value of its own like other outputs;
     # filled by assignment (the shapes were checked above), ten times cheaper than
     # np.array(np.broadcast_to(x, out)) on small arrays
     x = np.asarray(x)
     result = np.empty(out, x.dtype)
-    result[...] = x
+    if scale is None:
+        result[...] = x
+    else:  # x * scale as numpy computes it (NEP 50: a Python float keeps x's dtype)
+        np.multiply(x, scale, out=result)
     return result
 
 
