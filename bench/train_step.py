@@ -104,7 +104,9 @@ class NumpyMLP:
 
 def make_dt(mesh: dt.ProcessMesh, args, tp: bool, dtype: np.dtype):
     dt.manual_seed(0)
-    model = dt.nn.MLP(args.dim, args.hidden, dtype=dtype)
+    # drawn on the mesh it trains on: the 1-rank model is built by rank 0 alone, and a draw
+    # on every rank's mesh by one rank would leave the others behind (RanksDiverged)
+    model = dt.nn.MLP(args.dim, args.hidden, dtype=dtype, mesh=mesh if mesh.size == 1 else None)
     plan = {"fc1": dt.nn.ColwiseParallel(), "fc2": dt.nn.RowwiseParallel()} if tp else {}
     dt.shard_layer(model, mesh, dt.nn.plan_shard_fn(plan))
     opt = dt.optim.Adam(model.parameters(), lr=LR)

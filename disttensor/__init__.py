@@ -7,6 +7,7 @@ work.
 from . import nn, optim, spmd
 from .autograd import enable_grad, is_grad_enabled, no_grad
 from .comm import RankAborted, barrier, get_rank, get_world_size, simulate
+from .comm.agree import RanksDiverged
 from .comm.mpi import install_abort_hook
 from .creation import (
     arange,
@@ -31,6 +32,7 @@ from .parallel import DataParallel
 from .placement import Partial, Placement, Replicate, Shard
 from .spec import DistSpec
 from .tensor import DistTensor, dtensor_from_local, reshard, shard_tensor
+from .visualize import describe, visualize_sharding
 
 install_abort_hook()  # an uncaught exception on one rank ends the whole mpiexec job
 
@@ -45,10 +47,12 @@ __all__ = [
     "Placement",
     "ProcessMesh",
     "RankAborted",
+    "RanksDiverged",
     "Replicate",
     "Shard",
     "arange",
     "barrier",
+    "describe",
     "dtensor_from_local",
     "empty",
     "empty_like",
@@ -73,6 +77,7 @@ __all__ = [
     "shard_tensor",
     "simulate",
     "spmd",
+    "visualize_sharding",
     "zeros",
     "zeros_like",
     *_ops_all,

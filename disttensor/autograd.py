@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from . import comm
+from .comm.agree import doing
 
 
 class _State(threading.local):
@@ -367,7 +368,8 @@ def backward(tensor: Any, grad: Any = None, retain_graph: bool = False) -> None:
     state.enabled = False  # what ``with no_grad()`` does, without its object
     state.callbacks = []
     try:
-        _run(tensor, grad, retain_graph)
+        with doing("backward"):  # named if the ranks diverge
+            _run(tensor, grad, retain_graph)
         callbacks = state.callbacks
         state.callbacks = None
         for fn in callbacks:
@@ -516,8 +518,8 @@ def _run(root, grad, retain_graph: bool) -> None:
                         if g is not None:
                             leaf_grads[key] = g
                     elif g is not None:
-                        if t._hooks is None and t.grad is None and id(g) not in handed:
-                            t.grad = g  # _finish_leaf's common case, spelled out
+                        if t._hooks is None and t._grad is None and id(g) not in handed:
+                            t._grad = g  # _finish_leaf's common case, spelled out
                             handed.add(id(g))
                         else:
                             _finish_leaf(t, g, handed)
@@ -610,14 +612,14 @@ def _finish_leaf(t, g, handed: set | None = None) -> None:
     hooks = t._hooks
     if hooks is not None and hooks.pre:
         g = _call_hooks(list(hooks.pre), g)
-    if t.grad is not None:
-        t.grad = t.grad + g
+    if t._grad is not None:  # _grad: backward's own gradients need no assignment checks
+        t._grad = t._grad + g
     else:
         if handed is None or id(g) in handed:
             g = type(g)(g._local.copy(), g._spec)
-        t.grad = g
+        t._grad = g
     if handed is not None:
-        handed.add(id(t.grad))
+        handed.add(id(t._grad))
     if hooks is not None:
         for h in list(hooks.post):  # a copy: a hook may remove itself
             h(t)

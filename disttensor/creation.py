@@ -15,6 +15,7 @@ True
 from __future__ import annotations
 
 import math
+import operator
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from . import _philox, comm
+from .comm import agree
 from .mesh import ProcessMesh
 from .placement import Placement, Replicate
 from .spec import DistSpec
@@ -122,17 +124,23 @@ def manual_seed(seed: int) -> None:
     """Seed the stream that ``rand``/``randn`` use when no ``seed=`` is given.
 
     Unseeded calls take the next stream of that seed in program order, so all ranks agree as
-    long as they make the same calls (they must anyway). The default seed is 0.
+    long as they make the same calls (they must anyway). The default seed is 0. Every rank
+    must pass the same seed: the ranks of a mesh check, at each draw, that they draw the same
+    stream (``RanksDiverged`` on every rank otherwise, naming each rank's seed; a
+    rank-dependent seed would give every rank other "replicated" values).
     """
-    _rng.seed, _rng.calls = int(seed), 0
+    try:
+        _rng.seed, _rng.calls = operator.index(seed), 0
+    except TypeError:
+        raise TypeError(f"manual_seed needs an integer seed, got {seed!r}") from None
 
 
 def _draw(kind: int, seed: int | None) -> tuple[int, int]:
     """(seed, stream): stream 2*c + kind, c = 0 for an explicit seed, else 1, 2, ... per call."""
     if seed is not None:
         return int(seed), kind
-    if not hasattr(_rng, "seed"):
-        manual_seed(0)
+    if not hasattr(_rng, "seed"):  # the default seed: the same everywhere, nothing to check
+        _rng.seed, _rng.calls = 0, 0
     _rng.calls += 1
     return _rng.seed, 2 * _rng.calls + kind
 
@@ -144,6 +152,11 @@ def _random(draw, kind: int, name: str):
             raise TypeError(f"{name}: dtype must be float32 or float64, got {dtype}")
         spec = _spec(shape, dtype, mesh, placements, name)
         s, stream = _draw(kind, seed)
+        if agree.CHECK and spec.mesh.size > 1 and comm.get_rank() in spec.mesh:
+            # Note [Replicas agree] in tensor.py: every rank draws its shard of the same stream
+            comm.group(tuple(spec.mesh.process_ids)).agree(
+                "random draw", (f"seed {s}", f"stream {stream}", spec.shape, spec.placements)
+            )
         return from_spec_block(
             lambda sl: draw(s, stream, spec.shape, sl, dtype), spec, requires_grad
         )

@@ -12,7 +12,9 @@ class CommCounter:
     """Count the collectives this rank starts, by kind, and the bytes it hands to them.
 
     Kinds: all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, send, barrier,
-    all_gather_object (small metadata). Bytes are the send buffer's size.
+    all_gather_object (small metadata). Bytes are the send buffer's size. The small check
+    that precedes each collective (the ranks agree on the call first: Note [Ranks agree
+    before a collective] in comm/agree.py) is counted apart, in ``checks``.
 
     >>> import disttensor as dt
     >>> def f():
@@ -29,8 +31,12 @@ class CommCounter:
         self._counts: Counter[str] = Counter()
         self._bytes: Counter[str] = Counter()
         self._outside: Counter[tuple[str, str]] = Counter()
+        self.checks = 0  # agreement checks before collectives (16 bytes each)
 
     def _observe(self, kind: str, nbytes: int) -> None:
+        if kind == "check":
+            self.checks += 1
+            return
         self._counts[kind] += 1
         self._bytes[kind] += nbytes
 

@@ -26,6 +26,7 @@ from .autograd import GRADIENTS as _GRADIENTS
 from .autograd import NOT_DIFFERENTIABLE as _NOT_DIFFERENTIABLE
 from .autograd import _memo  # Note [One move per input]
 from .comm import _ctx as _comm_ctx
+from .comm.agree import doing
 from .placement import Replicate
 from .spec import DistSpec
 from .spmd import TensorSpec, get_rule
@@ -257,10 +258,11 @@ def _general(op: Op, args: tuple, attrs: dict, idkey: Any, entry: _Entry | None)
         for i, t in zip(pos, tensors):
             kargs[i] = t._local
     elif out_shapes is None:  # the replicate fallback: Note [Communication outside rules]
-        with outside_rules(op.name, NO_RULE):
+        with outside_rules(op.name, NO_RULE), doing(_label, op.name, tensors):
             _move(pos, tensors, moves, kargs)
     else:
-        _move(pos, tensors, moves, kargs)
+        with doing(_label, op.name, tensors):  # named if the ranks diverge
+            _move(pos, tensors, moves, kargs)
     if moves is None and out_shapes is None:  # a fallback with nothing to move
         note_outside_rules(op.name, NO_RULE, 0)
     # 4. kernel
@@ -273,6 +275,12 @@ def _general(op: Op, args: tuple, attrs: dict, idkey: Any, entry: _Entry | None)
     else:
         result = op.kernel(*kargs, **attrs)
     return _finish(op, args, attrs, entry, plan, mesh, coord, kargs, result, tensors, pos)
+
+
+def _label(name: str, tensors: list) -> str:
+    """``matmul of (8, 4) float64 [Shard(dim=0)], (4, 4) float64 [Replicate()]``."""
+    ins = ", ".join(f"{t.shape} {t.dtype} {list(t.placements)}" for t in tensors)
+    return f"{name} of {ins}"
 
 
 def _move(pos, tensors, moves, kargs) -> None:

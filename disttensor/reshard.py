@@ -35,6 +35,7 @@ from functools import lru_cache
 import numpy as np
 
 from . import comm
+from .comm.agree import doing
 from .placement import Partial, Placement, Replicate, Shard, commutes
 from .spec import DistSpec, contiguous, split_offset, split_sizes
 from .spmd.core import reshard_cost
@@ -134,15 +135,27 @@ def plan(
 def execute(local: np.ndarray, spec: DistSpec, dst: DistSpec) -> np.ndarray:
     """This rank's local array of ``dst`` given its local array of ``spec`` (collective)."""
     rank = comm.get_rank()
+    with doing(describe, spec, dst):  # for the message when ranks diverge
+        if spec.mesh != dst.mesh:
+            return _cross_mesh(local, spec, dst, rank)
+        coord = spec.mesh.get_coord(rank)
+        if coord is None:  # not in the mesh: nothing to hold, nothing to do
+            return _empty(dst, coord)
+        for step, before in _path(spec, dst):
+            group = _Dim(spec.mesh, step.mesh_dim, rank, coord)
+            local = _STEPS[step.kind](local, before, step, coord, group)
+        return local
+
+
+def describe(spec: DistSpec, dst: DistSpec) -> str:
+    """``reshard [Shard(dim=0)] -> [Replicate()] of (8, 4) float64 on mesh (2,)``."""
+    where = f"mesh {spec.mesh.shape}"
     if spec.mesh != dst.mesh:
-        return _cross_mesh(local, spec, dst, rank)
-    coord = spec.mesh.get_coord(rank)
-    if coord is None:  # not in the mesh: nothing to hold, nothing to do
-        return _empty(dst, coord)
-    for step, before in _path(spec, dst):
-        group = _Dim(spec.mesh, step.mesh_dim, rank, coord)
-        local = _STEPS[step.kind](local, before, step, coord, group)
-    return local
+        where = f"mesh {spec.mesh.process_ids} -> {dst.mesh.process_ids}"
+    return (
+        f"reshard {list(spec.placements)} -> {list(dst.placements)} of {spec.shape} "
+        f"{spec.dtype} on {where}"
+    )
 
 
 @lru_cache(maxsize=4096)

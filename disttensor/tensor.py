@@ -15,6 +15,7 @@ DistTensor([[0., 1., 2.],
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
@@ -25,6 +26,8 @@ from . import autograd, comm
 from . import reshard as _reshard
 from ._format import format_array, shown_indices
 from .accounting import outside_rules
+from .comm import agree
+from .comm.agree import doing
 from .comm.base import reduce_arrays
 from .mesh import ProcessMesh
 from .placement import Partial, Placement, Replicate
@@ -34,15 +37,29 @@ from .spec import DistSpec, contiguous
 class DistTensor:
     """A global tensor sharded over a ProcessMesh. Build one with ``dt.shard_tensor``."""
 
-    __slots__ = ("_hooks", "_local", "_node", "_spec", "grad", "requires_grad", "__weakref__")
+    __slots__ = ("_grad", "_hooks", "_local", "_node", "_spec", "requires_grad", "__weakref__")
 
     def __init__(self, local: np.ndarray, spec: DistSpec, requires_grad: bool = False) -> None:
         self._local = local
         self._spec = spec
         self.requires_grad = requires_grad
-        self.grad: DistTensor | None = None
+        self._grad: DistTensor | None = None
         self._node = None  # (autograd Node, output index) when an op made this tensor
         self._hooks = None  # a leaf's gradient hooks (autograd.register_hook)
+
+    @property
+    def grad(self) -> DistTensor | None:
+        """The gradient backward accumulated (None before any). Its placements are whatever
+        the gradient's ops produced (Partial(sum) over a data-parallel dim, say: Note [Partial
+        gradients] in autograd.py); an assigned gradient must be a DistTensor of this
+        tensor's shape, dtype and mesh, in any placements."""
+        return self._grad
+
+    @grad.setter
+    def grad(self, g: DistTensor | None) -> None:
+        if g is not None:
+            _check_assigned_grad(self, g)
+        self._grad = g
 
     # -- autograd (autograd.py) ----------------------------------------------------------------
     def backward(self, grad: Any = None, retain_graph: bool = False) -> None:
@@ -218,7 +235,8 @@ class DistTensor:
                 "collective over the mesh ranks, call it there"
             )
         full = self._spec.replace(placements=[Replicate()] * self.mesh.ndim)
-        out = _reshard.execute(self._local, self._spec, full)
+        with doing("numpy()"):
+            out = _reshard.execute(self._local, self._spec, full)
         return out if out is not self._local else out.copy()
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
@@ -244,7 +262,8 @@ class DistTensor:
             body = "<not on this rank>"
         else:
             idx = shown_indices(self.shape)
-            small = self.numpy() if idx is None else _gather_shown(self, idx, rank)
+            with doing("print (repr)"):
+                small = self.numpy() if idx is None else _gather_shown(self, idx, rank)
             body = format_array(small, self.shape, prefix=prefix, separator=", ")
         pad = " " * len(prefix)
         return (
@@ -697,7 +716,8 @@ class DistTensor:
                 f"{kind.__name__}() of a DistTensor with {self.size} elements is ambiguous "
                 "(as for numpy arrays); use .any() or .all()"
             )
-        return kind(self.numpy().reshape(()))
+        with doing(f"{kind.__name__}()"):
+            return kind(self.numpy().reshape(()))
 
     def __bool__(self):
         return self._scalar(bool)
@@ -714,6 +734,25 @@ class DistTensor:
     def item(self, *args):
         """One element as a Python scalar, as numpy (collective: only that element moves)."""
         return _nd().item(self, *args)
+
+
+def _check_assigned_grad(t: DistTensor, g: Any) -> None:
+    """``t.grad = g``: what PyTorch checks (type, shape, dtype, device: here the mesh)."""
+    if not isinstance(g, DistTensor):
+        raise TypeError(
+            f"assigned grad must be a DistTensor or None, got {type(g).__name__}; wrap a "
+            "global array with dt.shard_tensor(g, x.mesh, x.placements)"
+        )
+    spec, gs = t._spec, g._spec
+    if gs.shape != spec.shape:
+        raise ValueError(f"assigned grad has shape {gs.shape}, but the tensor has {spec.shape}")
+    if gs.dtype != spec.dtype:
+        raise TypeError(f"assigned grad has dtype {gs.dtype}, but the tensor has {spec.dtype}")
+    if gs.mesh != spec.mesh:
+        raise ValueError(
+            f"assigned grad lives on {gs.mesh}, but the tensor on {spec.mesh}; "
+            "dt.reshard it to the tensor's mesh first"
+        )
 
 
 def _check_grad_dtype(dtype: np.dtype) -> None:
@@ -843,10 +882,19 @@ def shard_tensor(
     placements: Sequence[Placement],
     dtype: Any = None,
     requires_grad: bool = False,
+    *,
+    src: int | None = None,
+    check: bool = False,
 ) -> DistTensor:
     """Distribute global ``data`` (the same on every rank) over ``mesh``; keeps only this shard.
 
-    ``data`` may be an array, list, scalar, or a DistTensor (then it is resharded).
+    ``data`` may be an array, list, scalar, or a DistTensor (then it is resharded). The ranks
+    of the mesh first agree that they passed the same shape, dtype and placements (a clear
+    ``RanksDiverged`` on every rank otherwise); ``check=True`` (or ``DISTTENSOR_DEBUG=1``)
+    also compares a checksum of the values, which catches data that differs by rank (an
+    unseeded random draw). ``src=r`` takes the data from rank r alone, as PyTorch's
+    ``distribute_tensor`` does: the other ranks may pass None, and each receives just its
+    shard, point to point (Note [Replicas agree] below).
 
     >>> import disttensor as dt
     >>> x = dt.shard_tensor([1, 2, 3], dt.ProcessMesh([0]), [dt.Shard(0)])
@@ -854,6 +902,8 @@ def shard_tensor(
     ((3,), (3,), [Shard(dim=0)])
     """
     check_world(mesh, "shard_tensor")
+    if src is not None:
+        return _from_rank(data, mesh, placements, dtype, requires_grad, src)
     if isinstance(data, DistTensor):
         if data.is_leaf:  # a leaf (a parameter, say) gives a new leaf, with its own memory
             with autograd.no_grad():
@@ -882,7 +932,62 @@ def shard_tensor(
     if arr.dtype == object:
         raise TypeError(f"shard_tensor needs numeric data, got an object array from {data!r:.80}")
     spec = DistSpec.make(mesh, placements, arr.shape, arr.dtype, what="shard_tensor")
+    _agree_on(spec, "shard_tensor", arr if check or agree.DEBUG else None)
     return from_spec_block(lambda slices: arr[slices].copy(), spec, requires_grad)
+
+
+# Note [Replicas agree]
+# Every rank passes shard_tensor the same global data and keeps its own shard, so a rank that
+# passes another shape (or placements, or dtype) would build a tensor the others do not have,
+# and its later collectives would move mismatched buffers. So the mesh's ranks first agree on
+# (shape, dtype, placements) with the check every collective makes (Note [Ranks agree before a
+# collective] in comm/agree.py: 16 bytes, counted in CommCounter.checks, skipped with
+# DISTTENSOR_CHECK=0), dtensor_from_local on (global shape, dtype, placements), dt.rand and
+# dt.randn on the seed and stream they draw. Values are compared only when asked (check=True, or DISTTENSOR_DEBUG=1): by a
+# crc32 of the bytes, one pass over the data. With src=r no rank but r needs the data: the
+# ranks learn its shape and dtype from r (one small all-gather of metadata) and each receives
+# its shard point to point, as a move from the 1-rank mesh [r] (reshard.fetch).
+def _agree_on(spec: DistSpec, what: str, values: np.ndarray | None = None) -> None:
+    """Note [Replicas agree]: the ranks of ``spec``'s mesh check they hold the same spec
+    (and a checksum of ``values`` when given). Collective over the mesh."""
+    if not (agree.CHECK or values is not None) or comm.get_rank() not in spec.mesh:
+        return
+    key: tuple = (spec.shape, spec.dtype, spec.placements)
+    if values is not None:
+        key += (f"crc32 {zlib.crc32(np.ascontiguousarray(values).view(np.uint8)):#010x}",)
+    comm.group(tuple(spec.mesh.process_ids)).agree(what, key)
+
+
+def _from_rank(data, mesh, placements, dtype, requires_grad, src) -> DistTensor:
+    """``shard_tensor(..., src=src)``: Note [Replicas agree]."""
+    world = comm.world()
+    if isinstance(src, bool) or not isinstance(src, (int, np.integer)) or not 0 <= src < world.size:
+        raise ValueError(
+            f"shard_tensor: src must be a rank of the world (0..{world.size - 1}), got {src!r}"
+        )
+    src, rank = int(src), comm.get_rank()
+    meta: Any = None
+    arr = None
+    if rank == src:
+        if isinstance(data, DistTensor):
+            raise TypeError("shard_tensor(..., src=): data must be an array on rank src")
+        arr = np.asarray(data, dtype=dtype)
+        meta = (arr.shape, arr.dtype.str) if arr.dtype != object else "object"
+    with doing("shard_tensor(src=...)"):
+        metas = world.allgather_object(meta)  # every rank learns the shape (and errors) at once
+    meta = metas[world.ranks.index(src)]
+    if meta == "object":
+        raise TypeError(f"shard_tensor needs numeric data; rank {src} passed an object array")
+    shape, dt_str = meta
+    spec = DistSpec.make(mesh, placements, shape, np.dtype(dt_str), what="shard_tensor")
+    if requires_grad:
+        _check_grad_dtype(spec.dtype)
+    one = ProcessMesh([src])
+    held = DistSpec(one, (Replicate(),), spec.shape, spec.dtype)
+    local = arr if rank == src else np.empty(held.local_shape(None), spec.dtype)
+    with doing("shard_tensor(src=...)"):
+        out = _reshard.execute(np.ascontiguousarray(local), held, spec)
+    return DistTensor(out if out is not arr else out.copy(), spec, requires_grad)
 
 
 def dtensor_from_local(
@@ -904,7 +1009,13 @@ def dtensor_from_local(
     if global_shape is not None:
         spec = DistSpec.make(mesh, placements, global_shape, local.dtype, what="dtensor_from_local")
         want = spec.local_shape(coord)
-        if coord is not None and local.shape != want:
+        bad = coord is not None and local.shape != want
+        if agree.CHECK and coord is not None:  # Note [Replicas agree]; a wrong shard too, so
+            fit = f"local shape {local.shape} where {want} fits" if bad else "local shape fits"
+            comm.group(tuple(mesh.process_ids)).agree(  # every rank raises, naming it
+                "dtensor_from_local", (spec.shape, spec.dtype, spec.placements, fit)
+            )
+        if bad:
             raise ValueError(
                 f"dtensor_from_local: rank {rank} passed a local shape {local.shape} but global "
                 f"shape {spec.shape} with placements {list(spec.placements)} gives it {want} "

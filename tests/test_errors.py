@@ -326,19 +326,40 @@ def test_locally_invalid_shard_raises_on_every_rank(table, placements, match) ->
     ],
 )
 def test_wrong_local_shape_for_a_given_global_shape(global_shape, placements, shapes, wrong):
+    """The ranks agree on the global shape and on whether their shards fit it (Note [Replicas
+    agree] in tensor.py), so every rank raises, naming the rank whose shard is wrong."""
+
     def f():
         rank, mesh = dt.get_rank(), dt.ProcessMesh([0, 1])
         local = np.zeros(shapes[rank])
-        if rank != wrong:  # only this rank's shard is checked, with no communication
-            x = dt.dtensor_from_local(local, mesh, placements, global_shape)
-            return x.shape == global_shape and x.local_shape == local.shape
-        with pytest.raises(
-            ValueError, match=re.escape(f"rank {rank} passed a local shape {shapes[rank]}")
-        ):
+        bad = re.escape(f"rank {wrong}: dtensor_from_local {global_shape}") + ".*" + re.escape(
+            f"local shape {shapes[wrong]} where"
+        )
+        with pytest.raises(dt.RanksDiverged, match=bad):
             dt.dtensor_from_local(local, mesh, placements, global_shape)
         return True
 
     on_every_rank(2, f)
+
+
+def test_wrong_local_shape_unchecked_raises_on_that_rank():
+    """With the agreement check off (DISTTENSOR_CHECK=0) only the rank whose shard is wrong
+    can know: it raises numpy-style, the others build their tensor."""
+    from disttensor.comm import agree
+
+    def f():
+        rank, mesh = dt.get_rank(), dt.ProcessMesh([0, 1])
+        if rank == 0:
+            return dt.dtensor_from_local(np.zeros(2), mesh, [S0], (4,)).local_shape == (2,)
+        with pytest.raises(ValueError, match=re.escape("rank 1 passed a local shape (3,)")):
+            dt.dtensor_from_local(np.zeros(3), mesh, [S0], (4,))
+        return True
+
+    before = agree.set_checks(False)
+    try:
+        on_every_rank(2, f)
+    finally:
+        agree.set_checks(*before)
 
 
 def test_from_local_outside_the_mesh_needs_global_shape() -> None:

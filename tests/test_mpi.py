@@ -127,10 +127,21 @@ if dt.get_rank() == 0:
     [
         (LEAVES, {}, "rank 1 left the job"),
         (PRINTS_ON_RANK_0, {}, "left the job"),
-        (DIVERGES, {"DISTTENSOR_TIMEOUT": "2"}, "no reply after DISTTENSOR_TIMEOUT=2 s"),
-        (DIVERGES, {"DISTTENSOR_CHECK_COLLECTIVES": "1"}, "called different collectives"),
+        (
+            DIVERGES,
+            {"DISTTENSOR_TIMEOUT": "2", "DISTTENSOR_CHECK": "0"},
+            "no reply after DISTTENSOR_TIMEOUT=2 s",
+        ),
+        (DIVERGES, {}, "were about to make different collective calls"),
+        (DIVERGES, {"DISTTENSOR_DEBUG": "1"}, "were about to make different collective calls"),
     ],
-    ids=["sys.exit on one rank", "print on rank 0", "diverged, timeout", "diverged, checked"],
+    ids=[
+        "sys.exit on one rank",
+        "print on rank 0",
+        "diverged, unchecked: timeout",
+        "diverged, checked",
+        "diverged, debug check",
+    ],
 )
 def test_a_rank_waiting_for_a_call_that_never_comes_ends_the_job(script, env, says, tmp_path):
     path = tmp_path / "waits.txt"

@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from . import agree
+
 REDUCE_OPS = ("sum", "avg", "max", "min")
 
 # Collective observers (dt.CommCounter) are per thread, so each simulated rank counts its own.
@@ -32,7 +34,9 @@ def remove_observer(fn: Callable[[str, int], None]) -> None:
 
 
 def record(kind: str, nbytes: int) -> None:
-    """Report one collective of ``kind`` moving ``nbytes`` (the send buffer handed to it)."""
+    """Report one collective of ``kind`` moving ``nbytes`` (the send buffer handed to it);
+    kind "check" is the agreement before a collective (Note [Ranks agree before a
+    collective] in comm/agree.py)."""
     fns = getattr(_observers, "fns", None)
     if fns:
         for fn in fns:
@@ -81,6 +85,7 @@ class Communicator:
 
     def __init__(self) -> None:
         self._groups: dict[tuple[int, ...], Communicator] = {}
+        self._seq = 0  # collectives started on this communicator (for diverged-rank messages)
 
     # -- groups ------------------------------------------------------------------------------
     def group(self, ranks: Sequence[int]) -> Communicator:
@@ -96,16 +101,43 @@ class Communicator:
             g = self._groups[key] = self._new_group(key)
         return g
 
+    # -- agreement (Note [Ranks agree before a collective] in comm/agree.py) -------------------
+    def agree(self, kind: str, key: tuple) -> None:
+        """Check that every rank of the group is about to do the same ``kind`` with an equal
+        ``key`` (a tuple of values that must match on every rank: dtypes, ints, strs, tuples
+        of those), and raise
+        ``RanksDiverged`` with each rank's call on every rank if not. Collective."""
+        self._seq += 1
+        if self.size == 1:
+            return
+        record("check", 16)
+        if agree.DEBUG:
+            mine = agree.full(kind, key)
+            if all(t == mine for t in self._check_all(mine, kind)):
+                return
+        else:
+            fp = agree.FINGERPRINTS.get((kind, key))
+            if fp is None:
+                fp = agree.fingerprint(kind, key)
+            if self._check_fp(fp, kind):
+                return
+        calls = self._check_all((kind, agree.describe(kind, key, self._seq, self.ranks)), kind)
+        raise agree.diverged(calls, self.ranks)
+
     # -- collectives -------------------------------------------------------------------------
     def allreduce(self, send: np.ndarray, recv: np.ndarray, op: str = "sum") -> None:
         """``recv`` gets the ``op``-reduction of every rank's ``send``; ``send is recv`` reduces
         in place."""
+        if agree.CHECK:
+            self.agree("all_reduce", (send.dtype, send.size, op))
         record("all_reduce", send.nbytes)
         self._allreduce(send, recv, op)
 
     def iallreduce(self, send: np.ndarray, recv: np.ndarray, op: str = "sum") -> Work:
         """Non-blocking ``allreduce`` (in place too): neither buffer may be touched until
         the returned Work's ``wait()``."""
+        if agree.CHECK:
+            self.agree("all_reduce", (send.dtype, send.size, op))
         record("all_reduce", send.nbytes)
         return self._iallreduce(send, recv, op)
 
@@ -114,6 +146,8 @@ class Communicator:
 
         ``counts`` must be the same list on every rank of the group.
         """
+        if agree.CHECK:
+            self.agree("all_gather", (send.dtype, tuple(counts)))
         record("all_gather", send.nbytes)
         self._allgather(send, recv, counts)
 
@@ -121,6 +155,8 @@ class Communicator:
         self, send: np.ndarray, recv: np.ndarray, counts: Sequence[int], op: str = "sum"
     ) -> None:
         """``send`` holds ``sum(counts)`` elements; rank i receives the reduced block i."""
+        if agree.CHECK:
+            self.agree("reduce_scatter", (send.dtype, tuple(counts), op))
         record("reduce_scatter", send.nbytes)
         self._reduce_scatter(send, recv, counts, op)
 
@@ -137,10 +173,15 @@ class Communicator:
         that for all ranks (a rank's own counts may look equal when others' do not), and MPI
         runs equal-block all-to-all markedly faster.
         """
+        if agree.CHECK:  # per-rank counts differ legitimately; equal blocks are equal sizes
+            blocks = (send.size, "equal blocks") if send_counts is None else ()
+            self.agree("all_to_all", (send.dtype, *blocks))
         record("all_to_all", send.nbytes)
         self._alltoall(send, send_counts, recv, recv_counts)
 
     def broadcast(self, buf: np.ndarray, root: int = 0) -> None:
+        if agree.CHECK:
+            self.agree("broadcast", (buf.dtype, buf.size, "root", root))
         record("broadcast", buf.nbytes if self.rank == root else 0)
         self._broadcast(buf, root)
 
@@ -158,11 +199,15 @@ class Communicator:
         self.irecv(buf, source, tag).wait()
 
     def barrier(self) -> None:
+        if agree.CHECK:
+            self.agree("barrier", ())
         record("barrier", 0)
         self._barrier()
 
     def allgather_object(self, obj: Any) -> list[Any]:
         """Small metadata only (shapes, flags): pickled, never used for tensor data."""
+        if agree.CHECK:
+            self.agree("all_gather_object", ())
         record("all_gather_object", 0)
         return self._allgather_object(obj)
 
@@ -199,6 +244,15 @@ class Communicator:
         raise NotImplementedError
 
     def _allgather_object(self, obj):
+        raise NotImplementedError
+
+    def _check_fp(self, fp: int, kind: str) -> bool:
+        """Whether every rank of the group passed the same ``fp`` (apart from data traffic;
+        a rank left waiting here is reported as waiting in ``kind``)."""
+        raise NotImplementedError
+
+    def _check_all(self, obj: Any, kind: str) -> list[Any]:
+        """Every rank's ``obj`` (small text), apart from data traffic and counting."""
         raise NotImplementedError
 
     def __repr__(self) -> str:

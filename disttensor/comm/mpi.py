@@ -17,7 +17,7 @@ import traceback
 import numpy as np
 
 from .base import Communicator, Work, displacements, equal_counts
-from .watchdog import WATCH, check_collectives
+from .watchdog import WATCH
 
 _OPS = {}
 
@@ -67,6 +67,8 @@ class MPIComm(Communicator):
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         self.ranks = ranks
+        self._checker = None  # a duplicate of comm for agreement checks, made at the first
+        self._fp = np.empty(2, np.int64)  # check (which every rank of the group makes)
 
     def _new_group(self, ranks: tuple[int, ...]) -> Communicator:
         MPI = _mpi()
@@ -164,17 +166,28 @@ class MPIComm(Communicator):
     def _allgather_object(self, obj):
         return self.comm.allgather(obj)
 
+    # Agreement (Note [Ranks agree before a collective] in comm/agree.py) -----------------------
+    def _checks(self):
+        if self._checker is None:
+            self._checker = self.comm.Dup()  # its own channel: never matched with data calls
+        return self._checker
 
-def _check_same_call(comm: MPIComm, what: str) -> None:
-    """DISTTENSOR_CHECK_COLLECTIVES: every rank of the group about to make the same call."""
-    kinds = comm.comm.allgather(what)
-    if len(set(kinds)) > 1:
-        raise RuntimeError(
-            f"ranks {list(comm.ranks)} called different collectives at the same point: "
-            + ", ".join(f"rank {r}: {k}" for r, k in zip(comm.ranks, kinds))
-            + ". Every rank must make the same collective calls in the same order (printing, "
-            "numpy(), float() or an op on some ranks only diverges them)"
-        )
+    def _check_fp(self, fp, kind):
+        buf = self._fp
+        buf[0], buf[1] = fp, -fp
+        key = WATCH.enter(kind, self.ranks)  # a rank that never comes: as if in the call
+        try:
+            self._checks().Allreduce(_IN_PLACE(), buf, _OPS["max"])
+        finally:
+            WATCH.exit(key)
+        return int(buf[0]) == -int(buf[1])  # max f == min f: every rank passed the same f
+
+    def _check_all(self, obj, kind):
+        key = WATCH.enter(kind, self.ranks)
+        try:
+            return self._checks().allgather(obj)
+        finally:
+            WATCH.exit(key)
 
 
 def _watched(name: str, what: str, nonblocking: bool = False) -> None:
@@ -183,8 +196,6 @@ def _watched(name: str, what: str, nonblocking: bool = False) -> None:
     call = getattr(MPIComm, name)
 
     def blocking(self, *args):
-        if check_collectives() and what != "recv":
-            _check_same_call(self, what)
         key = WATCH.enter(what, self.ranks)
         try:
             return call(self, *args)

@@ -194,6 +194,12 @@ class ThreadComm(Communicator):
     def _allgather_object(self, obj):
         return self._x(obj, "all_gather_object", list)
 
+    def _check_fp(self, fp, kind):
+        return self._x(fp, kind, lambda items: all(f == items[0] for f in items))
+
+    def _check_all(self, obj, kind):
+        return self._x(obj, kind, list)
+
 
 def simulate(
     world_size: int, fn: Callable[..., Any], *args: Any, timeout: float = 60.0, **kwargs: Any

@@ -12,14 +12,12 @@ Note [Waiting for a rank that is gone]
       finish: the watchdog prints the call, its group, the leaving rank and the waiting rank's
       Python stack, and aborts the job (exit code 1) within about a second. A rank that
       leaves while the others are still busy (rank 0 writing a file) just waits for them.
-    * Any call waiting longer than ``DISTTENSOR_TIMEOUT`` seconds (default 600; 0: never) ends
-      the job the same way: ranks that took different branches (``if rank == 0: print(x)``)
-      or made different collective calls wait for each other forever otherwise.
+    * Any call waiting longer than ``DISTTENSOR_TIMEOUT`` seconds (default 300; 0: never) ends
+      the job the same way: a rank that took another branch and waits in a collective of
+      another group, or computes forever, would otherwise keep the others waiting for good.
 
-    ``DISTTENSOR_CHECK_COLLECTIVES=1`` adds a check before every collective: the ranks of the
-    group exchange what they are about to call (one small gather) and all raise a clear error
-    when they differ, instead of MPI mixing the buffers of different calls. It costs one extra
-    round trip per collective, so it is off by default.
+    Ranks that reach *different* collectives of one group get a clear error at once instead
+    (comm/agree.py: Note [Ranks agree before a collective]).
 """
 
 from __future__ import annotations
@@ -38,17 +36,9 @@ _POLL = 0.5  # seconds between the watchdog's looks
 
 def timeout() -> float:
     try:
-        return float(os.environ.get("DISTTENSOR_TIMEOUT", "600"))
+        return float(os.environ.get("DISTTENSOR_TIMEOUT", "300"))
     except ValueError:
-        return 600.0
-
-
-_CHECK = os.environ.get("DISTTENSOR_CHECK_COLLECTIVES", "") not in ("", "0")
-
-
-def check_collectives() -> bool:
-    """DISTTENSOR_CHECK_COLLECTIVES, read when disttensor is imported."""
-    return _CHECK
+        return 300.0
 
 
 class _Watch:

@@ -51,6 +51,13 @@ class Module:
         if "_parameters" not in self.__dict__:
             raise AttributeError(f"call Module.__init__() in {type(self).__name__}.__init__ first")
         params, modules = self._parameters, self._modules
+        if name in params and value is not None and not isinstance(value, DistTensor):
+            raise TypeError(  # PyTorch's rule: a silent unregistering would stop training it
+                f"cannot assign {type(value).__name__} as parameter {name!r} of "
+                f"{type(self).__name__} (a dt.nn.Parameter, a leaf DistTensor or None "
+                "expected); to change its values in place write into it: "
+                f"with dt.no_grad(): module.{name}[...] = value"
+            )
         if name in params and isinstance(value, DistTensor) and not isinstance(value, Parameter):
             # a parameter replaced by a resharded copy (a shard_fn's dt.shard_tensor(...))
             if not (value.is_leaf and value.requires_grad):
