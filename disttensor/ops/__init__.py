@@ -6,6 +6,8 @@ from . import (
     gradients,  # noqa: F401  (fills autograd.GRADIENTS)
     mutation,  # noqa: F401  (tensor.py's writes: ops.mutation)
 )
+from .decompositions import *  # noqa: F403
+from .decompositions import __all__ as _decomp
 from .elementwise import *  # noqa: F403
 from .elementwise import __all__ as _ew
 from .layout import *  # noqa: F403
@@ -25,7 +27,18 @@ from .shape import __all__ as _sh
 from .statistics import *  # noqa: F403
 from .statistics import __all__ as _stats
 
-__all__ = [*_ew, *_la, *_red, *_sh, *_nn, *_scan, *_stats, *_order, *_layout]
+__all__ = [
+    *_ew,
+    *_la,
+    *_red,
+    *_sh,
+    *_nn,
+    *_scan,
+    *_stats,
+    *_order,
+    *_layout,
+    *_decomp,
+]
 
 # numpy interop (tensor.py's __array_ufunc__ and __array_function__): ops/numpy_interop.py
 from .numpy_interop import array_function, array_ufunc  # noqa: F401
