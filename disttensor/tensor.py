@@ -547,7 +547,7 @@ class DistTensor:
         return np.cumprod(self, axis=axis, dtype=dtype, out=out)
 
     def argsort(self, axis=-1, kind=None, order=None, *, stable=None):
-        """``np.argsort``: lanes along ``axis`` on the ranks holding them."""
+        """``np.argsort``: global indices; a split axis without gathering (ops/sorting.py)."""
         return np.argsort(self, axis=axis, kind=kind, order=order, stable=stable)
 
     def argpartition(self, kth, axis=-1, kind="introselect", order=None):
@@ -555,7 +555,7 @@ class DistTensor:
         return np.argpartition(self, kth, axis=axis, kind=kind, order=order)
 
     def sort(self, axis=-1, kind=None, order=None, *, stable=None) -> None:
-        """Sort in place along ``axis`` (aliases see it); lanes on the ranks holding them."""
+        """Sort in place along ``axis`` (aliases see it), the placements kept (ops/sorting.py)."""
         _nd().sort_in_place(self, axis, kind, order, stable)
 
     def partition(self, kth, axis=-1, kind="introselect", order=None) -> None:
@@ -583,7 +583,7 @@ class DistTensor:
         return np.nonzero(self)
 
     def searchsorted(self, v, side="left", sorter=None):
-        """``np.searchsorted`` (the replicate fallback)."""
+        """``np.searchsorted``: per-shard counts summed, never a gather of ``self``."""
         return np.searchsorted(self, v, side=side, sorter=sorter)
 
     def fill(self, value) -> None:
@@ -943,10 +943,11 @@ def shard_tensor(
 # (shape, dtype, placements) with the check every collective makes (Note [Ranks agree before a
 # collective] in comm/agree.py: 16 bytes, counted in CommCounter.checks, skipped with
 # DISTTENSOR_CHECK=0), dtensor_from_local on (global shape, dtype, placements), dt.rand and
-# dt.randn on the seed and stream they draw. Values are compared only when asked (check=True, or DISTTENSOR_DEBUG=1): by a
-# crc32 of the bytes, one pass over the data. With src=r no rank but r needs the data: the
-# ranks learn its shape and dtype from r (one small all-gather of metadata) and each receives
-# its shard point to point, as a move from the 1-rank mesh [r] (reshard.fetch).
+# dt.randn on the seed and stream they draw. Values are compared only when asked
+# (check=True, or DISTTENSOR_DEBUG=1): by a crc32 of the bytes, one pass over the data. With
+# src=r no rank but r needs the data: the ranks learn its shape and dtype from r (one small
+# all-gather of metadata) and each receives its shard point to point, as a move from the
+# 1-rank mesh [r] (reshard.fetch).
 def _agree_on(spec: DistSpec, what: str, values: np.ndarray | None = None) -> None:
     """Note [Replicas agree]: the ranks of ``spec``'s mesh check they hold the same spec
     (and a checksum of ``values`` when given). Collective over the mesh."""

@@ -332,8 +332,10 @@ def test_wrong_local_shape_for_a_given_global_shape(global_shape, placements, sh
     def f():
         rank, mesh = dt.get_rank(), dt.ProcessMesh([0, 1])
         local = np.zeros(shapes[rank])
-        bad = re.escape(f"rank {wrong}: dtensor_from_local {global_shape}") + ".*" + re.escape(
-            f"local shape {shapes[wrong]} where"
+        bad = (
+            re.escape(f"rank {wrong}: dtensor_from_local {global_shape}")
+            + ".*"
+            + re.escape(f"local shape {shapes[wrong]} where")
         )
         with pytest.raises(dt.RanksDiverged, match=bad):
             dt.dtensor_from_local(local, mesh, placements, global_shape)

@@ -287,6 +287,8 @@ RULED = {
     "np.ravel": lambda x: np.ravel(x),
     "np.sort": lambda x: np.sort(x),
     "np.argsort": lambda x: np.argsort(x, axis=0),
+    "np.unique": lambda x: np.unique(x, return_index=True, return_inverse=True, return_counts=True),
+    "np.searchsorted": lambda x: np.searchsorted(np.sort(x, axis=None), x),
     "np.take": lambda x: np.take(x, [0, 2], axis=0),
     "np.trace": lambda x: np.trace(x.T @ x),
     "np.copy": lambda x: np.copy(x),
@@ -349,8 +351,8 @@ def test_implemented_functions_do_not_take_the_fallback():
 
 
 def _along_axis_moves(mesh):
-    """Note [Along one axis]: a sort along an unsplit axis moves nothing; along a split axis
-    only that mesh dim gathers, and the result keeps the other split."""
+    """Note [Along one axis] (take) and Note [Distributed sort] (sort: short lanes of a split
+    axis are gathered over that mesh dim only, and the result keeps the input's layout)."""
     g = np.random.default_rng(1).permutation(63).reshape(7, 9).astype(float)
     x = make_input(g, mesh, [S0, S1])
     with dt.CommCounter() as cc:
@@ -363,7 +365,7 @@ def _along_axis_moves(mesh):
 def test_along_one_axis_keeps_the_other_split():
     g = np.random.default_rng(1).permutation(63).reshape(7, 9).astype(float)
     counts, pls, local, taken_pls, taken = every_rank(simulate_on((2, 2), _along_axis_moves))
-    assert counts == {"all_gather": 1} and pls == [R, S1]
+    assert counts == {"all_gather": 1} and pls == [S0, S1]  # the sort keeps the layout
     assert local == {} and taken_pls == [S0, PSUM]  # take moves elements: Partial kept
     np.testing.assert_array_equal(taken, g[:, [3, 1]])
 

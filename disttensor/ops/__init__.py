@@ -24,8 +24,12 @@ from .scan import *  # noqa: F403
 from .scan import __all__ as _scan
 from .shape import *  # noqa: F403
 from .shape import __all__ as _sh
+from .sorting import *  # noqa: F403
+from .sorting import __all__ as _sorting
 from .statistics import *  # noqa: F403
 from .statistics import __all__ as _stats
+from .unique import *  # noqa: F403
+from .unique import __all__ as _unique
 
 __all__ = [
     *_ew,
@@ -38,6 +42,8 @@ __all__ = [
     *_order,
     *_layout,
     *_decomp,
+    *_sorting,
+    *_unique,
 ]
 
 # numpy interop (tensor.py's __array_ufunc__ and __array_function__): ops/numpy_interop.py

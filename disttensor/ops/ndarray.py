@@ -8,8 +8,8 @@ Each public attribute of ``numpy.ndarray`` is, on a DistTensor (tensor.py delega
   matrix), or numpy's function through ``__array_function__`` (ops/numpy_interop.py, else
   the counted replicate fallback, which is numpy's exact result), which also writes ``out=``;
 * a local computation: ``copy``, ``view``, ``getfield``, ``byteswap`` on each shard, and
-  ``sort``/``argsort``/``partition``/``argpartition``/``take`` along an axis made whole first
-  (Note [Along one axis]);
+  ``partition``/``argpartition``/``take`` along an axis made whole first (Note [Along one
+  axis]); ``sort``/``argsort`` sort split axes without gathering (ops/sorting.py);
 * a write through ops/mutation.py, so every alias sees it: ``fill``, ``sort``, ``partition``,
   ``put``, ``setfield``, ``byteswap(inplace=True)``, ``x.flat[i] = v``; ``resize`` replaces
   the tensor's shard and spec in place;
@@ -18,7 +18,7 @@ Each public attribute of ``numpy.ndarray`` is, on a DistTensor (tensor.py delega
 * refused with a reason (REFUSED): ``strides``, ``ctypes``, ``data``, ``base``.
 
 Note [Along one axis]
-    sort, argsort, partition, argpartition and take treat each 1-D lane along ``axis`` on its
+    partition, argpartition and take treat each 1-D lane along ``axis`` on its
     own. With that axis whole on every rank (the mesh dims that split it gathered, an
     all-gather over those mesh dims only) each rank computes its own lanes with numpy, and
     the result keeps the other axes' splits. Partial inputs are reduced first, except for
@@ -631,23 +631,18 @@ def _no_order(order: Any) -> None:
 
 
 def sort(a: Any, axis: Any = -1, kind: Any = None, order: Any = None, *, stable: Any = None):
-    """``np.sort``: each lane along ``axis`` sorted on the rank holding it."""
-    _no_order(order)
-    if not isinstance(a, DistTensor):
-        raise Unsupported("no DistTensor to sort")
-    return _lanes("sort", a, axis, lambda v, ax: np.sort(v, ax, kind=kind, stable=stable), a.dtype)
+    """``np.sort``: distributed along split axes, ops/sorting.py (imported here lazily: it
+    builds on this module)."""
+    from . import sorting
+
+    return sorting.sort(a, axis, kind, order, stable=stable)
 
 
 def argsort(a: Any, axis: Any = -1, kind: Any = None, order: Any = None, *, stable: Any = None):
-    """``np.argsort``: each lane along ``axis`` on the rank holding it."""
-    _no_order(order)
-    if not isinstance(a, DistTensor):
-        raise Unsupported("no DistTensor to sort")
+    """``np.argsort``: distributed along split axes, ops/sorting.py."""
+    from . import sorting
 
-    def fn(v, ax):
-        return np.argsort(v, ax, kind=kind, stable=stable)
-
-    return _lanes("argsort", a, axis, fn, np.intp)
+    return sorting.argsort(a, axis, kind, order, stable=stable)
 
 
 def partition(a: Any, kth: Any, axis: Any = -1, kind: str = "introselect", order: Any = None):
