@@ -6,6 +6,7 @@ work.
 
 from . import nn, optim, spmd
 from .autograd import enable_grad, is_grad_enabled, no_grad
+from .checkpoint import load, save
 from .comm import RankAborted, barrier, get_rank, get_world_size, simulate
 from .comm.agree import RanksDiverged
 from .comm.mpi import install_abort_hook
@@ -64,6 +65,7 @@ __all__ = [
     "get_world_size",
     "init_mesh",
     "is_grad_enabled",
+    "load",
     "manual_seed",
     "nn",
     "optim",
@@ -73,6 +75,7 @@ __all__ = [
     "rand",
     "randn",
     "reshard",
+    "save",
     "shard_layer",
     "shard_tensor",
     "simulate",

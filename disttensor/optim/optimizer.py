@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..autograd import finish_grads, no_grad, note_mutation
-from ..tensor import DistTensor, reshard
+from ..tensor import DistTensor, reshard, shard_tensor
 
 LR = float | Callable[[int], float]
 
@@ -38,12 +38,20 @@ class Optimizer:
     gradient (Note [Optimizer placements]); ``zero_grad()`` drops the gradients.
     """
 
+    state_names: tuple[str, ...] = ()  # the state kept per parameter (load_state_dict checks)
+
     def __init__(self, params: Iterable[DistTensor], lr: LR) -> None:
         self.params: list[DistTensor] = []
         seen: set[int] = set()
         for p in params:
             if not isinstance(p, DistTensor):
                 raise TypeError(f"optimizer parameters must be DistTensors, got {type(p).__name__}")
+            if not p.is_leaf:  # PyTorch's rule: its .grad is never set, it would never move
+                raise ValueError(
+                    f"optimizer: can't optimize a non-leaf tensor (shape {p.shape}, made by "
+                    f"{p.grad_fn!r}); optimize the leaf it was computed from, or "
+                    "p.detach().requires_grad_() for a new one"
+                )
             if any(q.is_partial() for q in p.placements):
                 raise ValueError(
                     f"optimizer: a parameter of shape {p.shape} is Partial {p.placements}; "
@@ -116,6 +124,83 @@ class Optimizer:
             "state": {index[k]: dict(v) for k, v in self.state.items() if k in index},
         }
 
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the step count and the per-parameter state that ``state_dict()`` returned.
+
+        The state may come from another run, mesh or layout (``dt.load``): each state tensor
+        (a DistTensor in any layout, or a global numpy array) is moved to its parameter's
+        mesh and placements and cast to its dtype, into memory the optimizer owns. Everything
+        is checked first (keys, parameter indices, state names, shapes), on every rank,
+        before anything changes or communicates. Collective when a tensor moves.
+
+        >>> import numpy as np, disttensor as dt
+        >>> w = dt.nn.Parameter(dt.ones((2,), mesh=dt.ProcessMesh([0])))
+        >>> opt = dt.optim.Momentum([w], lr=0.1)
+        >>> opt.load_state_dict({"step": 4, "state": {0: {"velocity": np.array([1.0, 2.0])}}})
+        >>> opt.step_count, opt.state_dict()["state"][0]["velocity"].to_local()
+        (4, array([1., 2.]))
+        """
+        what = f"{type(self).__name__}.load_state_dict"
+        if not isinstance(state, dict) or set(state) != {"step", "state"}:
+            got = sorted(map(str, state)) if isinstance(state, dict) else type(state).__name__
+            raise ValueError(f'{what}: expected a dict with keys "step" and "state", got {got}')
+        step = state["step"]
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step < 0:
+            raise ValueError(f"{what}: step must be an int >= 0, got {step!r}")
+        if not isinstance(state["state"], dict):
+            raise TypeError(f"{what}: state must be a dict, got {type(state['state']).__name__}")
+        checked = []
+        for key, entry in state["state"].items():
+            i = _param_index(key, len(self.params), what)
+            p = self.params[i]
+            if not isinstance(entry, dict) or set(entry) != set(self.state_names):
+                have = sorted(entry) if isinstance(entry, dict) else type(entry).__name__
+                raise ValueError(
+                    f"{what}: the state of parameter {i} has {have}; {type(self).__name__} "
+                    f"keeps {sorted(self.state_names)}"
+                )
+            for name, value in entry.items():
+                if not isinstance(value, DistTensor):
+                    value = np.asarray(value)
+                if tuple(value.shape) != p.shape or value.dtype.kind not in "biufc":
+                    raise ValueError(
+                        f"{what}: state {name!r} of parameter {i} is {tuple(value.shape)} "
+                        f"{value.dtype}; the parameter is {p.shape} {p.dtype}"
+                    )
+            checked.append((p, entry))
+        new = {}
+        with no_grad():
+            for p, entry in checked:
+                new[id(p)] = {name: _state_like(value, p) for name, value in entry.items()}
+        self.state = new
+        self.step_count = int(step)
+
+
+def _param_index(key: Any, n: int, what: str) -> int:
+    """A state key as a parameter index (keys that went through JSON may be digit strings)."""
+    try:
+        i = int(key) if not isinstance(key, (bool, float)) else None
+    except (TypeError, ValueError):
+        i = None
+    if i is None or not 0 <= i < n:
+        raise ValueError(
+            f"{what}: the state names parameter {key!r}, but this optimizer has {n} "
+            f"parameters (indices 0..{n - 1}); load the state of an optimizer over the same "
+            "parameters, in the same order"
+        )
+    return i
+
+
+def _state_like(value: Any, p: DistTensor) -> DistTensor:
+    """``value`` on ``p``'s mesh and placements, in ``p``'s dtype, in memory of its own."""
+    if isinstance(value, DistTensor):
+        if value.spec.mesh != p.mesh or value.spec.placements != p.spec.placements:
+            value = reshard(value, p.mesh, p.placements)
+        local = value.to_local()
+    else:
+        local = shard_tensor(np.asarray(value), p.mesh, p.placements).to_local()
+    return DistTensor(np.array(local, dtype=p.dtype, copy=True), p.spec)
+
 
 class SGD(Optimizer):
     """``w -= lr * (g + weight_decay * w)``."""
@@ -132,6 +217,8 @@ class SGD(Optimizer):
 
 class Momentum(Optimizer):
     """Heavy ball: ``v = momentum * v + g``; ``w -= lr * v`` (Nesterov optional)."""
+
+    state_names = ("velocity",)
 
     def __init__(
         self,
@@ -159,6 +246,7 @@ class Adam(Optimizer):
 
     decoupled = False
     default_weight_decay = 0.0
+    state_names = ("exp_avg", "exp_avg_sq")
 
     def __init__(
         self,
