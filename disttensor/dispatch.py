@@ -498,7 +498,7 @@ def _decide(op: Op, specs, pos, nargs, attrs, mesh):
         for s in specs
     )
     res = rule(
-        tuple(TensorSpec(s.shape, s.placements) for s in firsts),
+        tuple(TensorSpec(s.shape, s.placements, s.dtype) for s in firsts),
         mesh.shape,
         pos=pos,
         nargs=nargs,

@@ -84,20 +84,32 @@ def _valid(mesh_shape: tuple[int, ...], state: tuple[Placement, ...], m: int, q:
     return True
 
 
-def _cost(mesh_shape: tuple[int, ...], state: tuple[Placement, ...], m: int, q: Placement) -> float:
-    """Bytes per rank (in units of the whole tensor) a step moves, plus a small per-step price.
+def _cost(
+    mesh_shape: tuple[int, ...], state: tuple[Placement, ...], m: int, q: Placement, nbytes: float
+) -> float:
+    """Wire bytes per rank a step costs, latency included, for a tensor of ``nbytes``.
 
-    The 1-D price table is the rule engine's (spmd.core.reshard_cost), so rules and plans agree.
+    The 1-D price table is the rule engine's (spmd.core.reshard_cost: Note [Price of a
+    reshard]), so rules and plans agree; a reduce-scatter is priced as what it is.
     """
-    f = 1.0 / math.prod(n for j, n in enumerate(mesh_shape) if j != m and state[j].is_shard())
-    return reshard_cost(state[m], q, mesh_shape[m], f) + 1e-4
+    f = nbytes / math.prod(n for j, n in enumerate(mesh_shape) if j != m and state[j].is_shard())
+    return reshard_cost(state[m], q, mesh_shape[m], f, planner=True)
+
+
+def size_class(nbytes: int) -> int:
+    """``nbytes`` rounded down to a power of two: plans are cached per size class."""
+    return 1 << max(int(nbytes).bit_length() - 1, 0)
 
 
 @lru_cache(maxsize=4096)
 def plan(
-    mesh_shape: tuple[int, ...], src: tuple[Placement, ...], dst: tuple[Placement, ...]
+    mesh_shape: tuple[int, ...],
+    src: tuple[Placement, ...],
+    dst: tuple[Placement, ...],
+    nbytes: int = 1 << 20,
 ) -> tuple[Step, ...]:
-    """The cheapest valid sequence of 1-D steps from ``src`` to ``dst`` placements.
+    """The cheapest valid sequence of 1-D steps from ``src`` to ``dst`` placements, for a
+    tensor of ``nbytes`` (the latency of a collective weighs more on small tensors).
 
     >>> plan((2, 2), (Shard(0), Shard(1)), (Replicate(), Shard(1)))
     (all_gather(mesh_dim=0: Shard(dim=0) -> Replicate()),)
@@ -123,7 +135,7 @@ def plan(
             for q in options[m]:
                 if q == state[m] or not _valid(mesh_shape, state, m, q):
                     continue
-                c = cost + _cost(mesh_shape, state, m, q)
+                c = cost + _cost(mesh_shape, state, m, q, nbytes)
                 new = state[:m] + (q,) + state[m + 1 :]
                 if c < best.get(new, math.inf) - 1e-12:
                     best[new] = c
@@ -162,7 +174,8 @@ def describe(spec: DistSpec, dst: DistSpec) -> str:
 def _path(spec: DistSpec, dst: DistSpec) -> tuple[tuple[Step, DistSpec], ...]:
     """The plan's steps, each with the spec it starts from (cached: repeats rebuild nothing)."""
     out = []
-    for step in plan(spec.mesh.shape, spec.placements, dst.placements):
+    nbytes = size_class(math.prod(spec.shape) * spec.dtype.itemsize)
+    for step in plan(spec.mesh.shape, spec.placements, dst.placements, nbytes):
         out.append((step, spec))
         spec = spec.with_placement(step.mesh_dim, step.dst)
     return tuple(out)

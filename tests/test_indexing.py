@@ -115,3 +115,127 @@ def test_bad_indices_raise_as_numpy_on_every_rank():
         return True
 
     assert all(dt.simulate(2, body))
+
+
+# -- Note [Lookups in unsplit tensors] -------------------------------------------------------------
+GI = np.round(8 * G)  # integer-valued: Partial splits sum exactly, alike on every replica
+UNSPLIT_KEYS = {
+    "columns by array": lambda: (slice(None), np.array([4, 0, 4, -1])),
+    "rows and columns": lambda: (np.array([1, 3, 3]), np.array([0, 5, 2])),
+    "mask among slices": lambda: (slice(2, 9), GI[0] > 0),
+    "rows reversed": lambda: (np.array([[-1, 0], [2, 2]]), slice(None, None, -1)),
+    "mask 2-D": lambda: GI > 0,
+    "none": lambda: (slice(None), np.array([], dtype=np.int64)),
+}
+
+
+def _unsplit_layouts(mesh):
+    n = mesh.ndim
+    out = [[R] * n, [PSUM, *[R] * (n - 1)], [dt.Partial("max"), *[R] * (n - 1)]]
+    if mesh.size == 1:
+        out.append([dt.Shard(1)] * n)  # a split over one rank is no split
+    if n == 2:
+        out += [[R, PSUM], [PSUM, PSUM]]
+    return out
+
+
+@pytest.mark.parametrize("mesh_shape", MESH_SHAPES, ids=str)
+def test_unsplit_tensors_index_locally(mesh_shape):
+    """No mesh dim splits x: every numpy key (arrays after slices, masks among slices) is
+    numpy's indexing of the local value, with no communication; Partials stay Partial, the
+    gradient adds into zeros of x's layout."""
+
+    def body():
+        mesh = mesh_of(mesh_shape)
+        out = []
+        for pl in _unsplit_layouts(mesh):
+            for label, make in UNSPLIT_KEYS.items():
+                x = make_input(GI, mesh, pl)
+                grads = not any(p.is_partial() and p.reduce_type == "max" for p in pl)
+                x.requires_grad = grads
+                with dt.CommCounter() as cc:
+                    y = x[make()]
+                grad = None
+                if grads:
+                    (y * np.arange(1.0, y.size + 1).reshape(y.shape)).sum().backward()
+                    grad = x.grad.numpy()
+                counts = dict(cc.counts)
+                out.append((label, str(pl), y.numpy(), y.placements, counts, cc.fallbacks, grad))
+        return out
+
+    mesh = mesh_of(mesh_shape)
+    results = every_rank(dt.simulate(mesh.size, body))
+    for (label, pl, got, placements, counts, fallbacks, grad), layout in zip(
+        results, [p for p in _unsplit_layouts(mesh) for _ in UNSPLIT_KEYS]
+    ):
+        key = UNSPLIT_KEYS[label]()
+        assert_close(got, GI[key], f"{label} {pl}")
+        assert counts == {} and fallbacks == {}, (label, pl, counts, fallbacks)
+        assert placements == [p if p.is_partial() else R for p in layout], (label, pl)
+        if grad is not None:
+            cot = np.arange(1.0, GI[key].size + 1).reshape(GI[key].shape)
+            want = np.zeros_like(GI)
+            np.add.at(want, key, cot)
+            assert_close(grad, want, f"gradient of {label} {pl}")
+
+
+IDS_LAYOUTS = {  # mesh ndim -> (table placements, ids placements, result placements)
+    1: [([R], [dt.Shard(0)], [dt.Shard(0)]), ([R], [dt.Shard(1)], [dt.Shard(1)]), ([R], [R], [R])],
+    2: [
+        ([R, R], [dt.Shard(0), dt.Shard(1)], [dt.Shard(0), dt.Shard(1)]),
+        ([R, R], [dt.Shard(0), dt.Shard(0)], [dt.Shard(0), dt.Shard(0)]),
+        ([R, PSUM], [dt.Shard(1), R], [dt.Shard(1), PSUM]),
+    ],
+}
+IDS = {
+    "uneven": np.array([[3, 0, 6], [6, 6, 1], [-1, 2, 5], [0, 0, 0], [4, 3, 2]]),
+    "empty shards": np.array([[2, 5]]),  # one row, two columns: empty shards from 2 ranks up
+}
+
+
+@pytest.mark.parametrize("mesh_shape", MESH_SHAPES, ids=str)
+def test_split_ids_look_up_an_unsplit_table_locally(mesh_shape):
+    """``wte[ids]`` with the table whole on every rank and the ids split: each rank looks up
+    its own ids, the result split like them, with no communication at all (the ids are not
+    gathered); the table's gradient is Partial(sum) over the mesh dims that split the ids."""
+    table = np.round(8 * np.random.default_rng(7).normal(size=(7, 3)))  # Partial sums exact
+
+    def body():
+        mesh = mesh_of(mesh_shape)
+        out = []
+        for tpl, ipl, _ in IDS_LAYOUTS[mesh.ndim]:
+            for name, ids in IDS.items():
+                w = make_input(table, mesh, tpl)
+                w.requires_grad = True
+                i = make_input(ids, mesh, ipl)
+                with dt.CommCounter() as cc:
+                    y = w[i]
+                placements = y.placements
+                (y * np.arange(1.0, y.size + 1).reshape(y.shape)).sum().backward()
+                out.append((name, y.numpy(), placements, dict(cc.counts), w.grad.numpy()))
+        return out
+
+    mesh = mesh_of(mesh_shape)
+    results = every_rank(dt.simulate(mesh.size, body))
+    cases = [(lay, name) for lay in IDS_LAYOUTS[mesh.ndim] for name in IDS]
+    for ((_, ipl, want_pl), name), (_, got, placements, counts, grad) in zip(cases, results):
+        ids = IDS[name]
+        assert_close(got, table[ids], f"{name} {ipl}")
+        assert placements == want_pl, (name, ipl, placements)
+        assert counts == {}, (name, ipl, counts)
+        want = np.zeros_like(table)
+        np.add.at(want, ids, np.arange(1.0, ids.size * 3 + 1).reshape(*ids.shape, 3))
+        assert_close(grad, want, f"gradient {name} {ipl}")
+
+
+def test_split_ids_out_of_bounds_raise_numpys_error():
+    """An id out of bounds raises numpy's IndexError on the rank that holds it."""
+
+    def body():
+        mesh = dt.init_mesh((2,))
+        w = dt.shard_tensor(np.ones((4, 2)), mesh, [R])
+        ids = dt.shard_tensor(np.array([[0, 4], [1, 2]]), mesh, [dt.Shard(0)])
+        return w[ids]
+
+    with pytest.raises(IndexError, match="index 4 is out of bounds for axis 0 with size 4"):
+        dt.simulate(2, body, timeout=10)

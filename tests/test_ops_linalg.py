@@ -320,3 +320,87 @@ def test_matmul_mismatch_raises_on_every_rank():
         return True
 
     assert simulate_on((3,), body) == [True] * 3
+
+
+# -- eigh, eigvalsh (Note [Eigenproblems of whole matrices]) -------------------------------------
+def _symmetric(shape, seed):
+    """Integer-valued symmetric matrices (Partial splits sum exactly: numpy's input bits)."""
+    a = np.round(8 * np.random.default_rng(seed).normal(size=shape))
+    return a + np.swapaxes(a, -1, -2)
+
+
+def _eigh_layouts(mesh, ndim):
+    """(placements, the results' placements, collectives allowed)."""
+    last = dt.Shard(ndim - 1)
+    if mesh.ndim == 1:
+        out = [([R], [R], set()), ([S0], [R], {"all_gather"}), ([last], [R], {"all_gather"})]
+        out += [([PSUM], [R], {"all_reduce"}), ([dt.Partial("max")], [R], {"all_reduce"})]
+        if ndim == 3:
+            out.append(([S0], [S0], set()))  # a stack split by matrices: each rank its own
+        return [o for o in out if not (ndim == 3 and o[0] == [S0] and o[1] == [R])]
+    batch = S0 if ndim == 3 else R  # Shard(0) of a stack splits the matrices: kept
+    out = [([S0, last], [batch, R], {"all_gather"}), ([R, PSUM], [R, R], {"all_reduce"})]
+    if ndim == 3:
+        out += [([S0, S0], [S0, S0], set()), ([S0, dt.Shard(1)], [S0, R], {"all_gather"})]
+    return out
+
+
+@pytest.mark.parametrize("mesh_shape", MESH_SHAPES, ids=MESH_IDS)
+def test_eigh_against_numpy(mesh_shape):
+    """numpy's eigenvalues and eigenvectors on every placement: no communication for a
+    Replicate matrix or a stack split by matrices (uneven and empty shards), one all-gather
+    or all-reduce for a matrix split along its own axes or Partial; eigvalsh alike."""
+    mats = {"5 x 5": _symmetric((5, 5), 1), "2 x 2": _symmetric((2, 2), 2)}
+    mats["stack of 3"] = _symmetric((3, 4, 4), 3)
+
+    def body(mesh):
+        out = []
+        for label, a in mats.items():
+            for pls, _, allowed in _eigh_layouts(mesh, a.ndim):
+                x = make_input(a, mesh, pls)
+                with dt.CommCounter() as cc:
+                    w, v = np.linalg.eigh(x)
+                    lam = np.linalg.eigvalsh(x, UPLO="U")
+                placements = [w.placements, v.placements, lam.placements]
+                ok = set(cc.counts) <= allowed and not cc.fallbacks
+                out.append((label, str(pls), w.numpy(), v.numpy(), lam.numpy(), placements, ok))
+        return out
+
+    mesh = mesh_of(mesh_shape)
+    results = every_rank(simulate_on(mesh_shape, body))
+    layouts = [(label, lay) for label, a in mats.items() for lay in _eigh_layouts(mesh, a.ndim)]
+    for (label, (_, want_pls, _)), (_, pls, w, v, lam, got_pls, ok) in zip(layouts, results):
+        want = np.linalg.eigh(mats[label])
+        what = f"{label} {pls}"
+        assert_close(w, want.eigenvalues, what)
+        assert_close(v, want.eigenvectors, what)
+        assert_close(lam, np.linalg.eigvalsh(mats[label], UPLO="U"), what)
+        assert got_pls == [want_pls] * 3, (what, got_pls)
+        assert ok, what
+
+
+def test_eigh_errors_and_no_gradient():
+    """numpy's errors on every rank; backward through eigh raises naming it."""
+
+    def body(mesh):
+        errors = []
+        for bad, kw in ((np.ones(4), {}), (np.ones((4, 3)), {}), (np.eye(4), {"UPLO": "X"})):
+            try:
+                np.linalg.eigh(make_input(bad, mesh, [S0]), **kw)
+            except (np.linalg.LinAlgError, ValueError) as e:
+                errors.append(f"{type(e).__name__}: {e}")
+        x = make_input(_symmetric((4, 4), 4), mesh, [R])
+        x.requires_grad = True
+        try:
+            np.linalg.eigh(x).eigenvalues.sum().backward()
+        except NotImplementedError as e:
+            errors.append(str(e))
+        return errors
+
+    for errors in simulate_on((2,), body):
+        assert errors[:3] == [
+            "LinAlgError: 1-dimensional array given. Array must be at least two-dimensional",
+            "LinAlgError: Last 2 dimensions of the array must be square",
+            "ValueError: UPLO argument must be 'L' or 'U'",
+        ], errors
+        assert len(errors) == 4 and errors[3].startswith("eigh has no gradient"), errors

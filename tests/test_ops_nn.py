@@ -272,12 +272,14 @@ def _infer(op, specs, mesh_shape, **attrs):
 @pytest.mark.parametrize("op", ["softmax", "log_softmax"])
 def test_softmax_rules(op):
     assert _infer(op, [((8, 6), [S0])], (2,), axis=-1) == ([[S0]], [[S0]])
-    ins, outs = _infer(op, [((8, 6), [S1])], (2,), axis=-1)
-    assert ins[0][0] != S1 and outs == ins  # the softmax axis is never split
+    # a split softmax axis stays split: the composite all-reduces per-row statistics
+    # (Note [Row-wise rules] in spmd/nn_rules.py)
+    assert _infer(op, [((8, 6), [S1])], (2,), axis=-1) == ([[S1]], [[S1]])
     ins, outs = _infer(op, [((8, 6), [P])], (2,), axis=1)  # not linear: Partial resolved
     assert not ins[0][0].is_partial() and ins[0][0] != S1 and outs == ins
-    assert _infer(op, [((8, 6), [S0, S1])], (2, 2), axis=1)[1][0][0] == S0
-    assert _infer(op, [((8, 6), [S0])], (4,), axis=None) == ([[R]], [[R]])
+    assert _infer(op, [((8, 6), [S0, S1])], (2, 2), axis=1) == ([[S0, S1]], [[S0, S1]])
+    assert _infer(op, [((8, 6), [S1, P])], (2, 2), axis=1) == ([[S1, R]], [[S1, R]])
+    assert _infer(op, [((8, 6), [S0])], (4,), axis=None) == ([[S0]], [[S0]])  # composite
     assert _infer(op, [((8, 6, 4), [S1])], (4,), axis=(0, 2)) == ([[S1]], [[S1]])
 
 
@@ -287,8 +289,12 @@ def test_layer_norm_rule():
         [[S0, S1], [R, R], [R, R]],
         [[S0, S1]],
     )
+    # normalized axes split by mesh dim 1: kept split there (the composite route), the
+    # weight split alike; mesh dim 0 decides as the fused kernel would
     ins, outs = _infer("layer_norm", [x, ((6, 8), [R, S0])], (2, 2), begin_norm_axis=1)
-    assert S1 not in ins[0] and ins[1] == [R, R] and outs == [ins[0]]
+    assert ins == [[S0, S1], [R, S0]] and outs == [[S0, S1]]
+    ins, outs = _infer("layer_norm", [((4, 6), [S1]), ((6,), [R])], (2,))
+    assert ins == [[S1], [S0]] and outs == [[S1]]
     ins, outs = _infer("layer_norm", [((4, 6), [P])], (2,))
     assert not ins[0][0].is_partial() and ins[0][0] != S1 and outs == ins
     with pytest.raises(ValueError, match="normalized shape"):
@@ -319,8 +325,15 @@ def test_cross_entropy_rules():
     assert _infer("cross_entropy", [logits, labels], (2,), reduction="mean")[1] == [
         [dt.Partial("avg")]
     ]
-    ins, _ = _infer("cross_entropy", [((8, 50), [S1]), labels], (2,), axis=-1)
-    assert ins[0] != [S1]  # a fused kernel needs the classes whole
+    # vocabulary-parallel: the logits stay split, the labels are whole, the loss Partial(sum)
+    assert _infer("cross_entropy", [((8, 50), [S1]), labels], (2,), axis=-1) == (
+        [[S1], [R]],
+        [[P]],
+    )
+    assert _infer("cross_entropy", [((8, 50), [R, S1]), ((8,), [S0, R])], (2, 2)) == (
+        [[S0, S1], [S0, R]],
+        [[S0, P]],
+    )
     # the vocabulary-parallel pick of the composite: the owner of each class picks
     assert _infer("take_labels", [((8, 50), [S1]), labels], (2,), axis=1) == (
         [[S1], [R]],

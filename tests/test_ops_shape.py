@@ -299,7 +299,9 @@ def test_getitem_grid(mesh_shape):
         x = cases.make_source(g, mesh, [S0] + [R] * (mesh.ndim - 1))
         for key in [[0, -1], (slice(None), np.array([2, 0])), g[:, 0] > 0, (True,)]:
             assert np.array_equal(dt.getitem(x, key).numpy(), g[key])  # the replicate fallback
-        assert accounting.FALLBACKS["getitem[advanced]"] > 0  # counted (shared by the ranks)
+        # counted (shared by the ranks); on one rank nothing is split and numpy indexes the
+        # local value (Note [Lookups in unsplit tensors] in ops/indexing.py)
+        assert accounting.FALLBACKS["getitem[advanced]"] > 0 or mesh.size == 1
         return n
 
     run(mesh_shape, f)

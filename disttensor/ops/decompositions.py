@@ -6,7 +6,8 @@ Q and U keep the rows split (Shard(0) on the mesh dims that split them, Replicat
 others); R, the singular values, Vh and lstsq's results are Replicate. Wide matrices (m < n),
 stacks of matrices, ``qr(mode="complete")`` and ``svd(full_matrices=True)`` of a matrix that
 is not square (an m x m factor), ``qr(mode="raw")`` and ``svd(hermitian=True)`` take the
-counted replicate fallback.
+counted replicate fallback. ``np.linalg.eigh`` and ``eigvalsh`` decompose the (small)
+matrices a program hands them whole (Note [Eigenproblems of whole matrices]).
 
 >>> import numpy as np, disttensor as dt
 >>> a = np.array([[3.0, 1.0], [4.0, 2.0], [0.0, 5.0], [1.0, 1.0], [2.0, 0.0]])
@@ -429,4 +430,96 @@ for _func, _impl in (
     implements(_func, name=_impl.__name__)(lambda given, impl=_impl: impl(**given))
 
 
-__all__ = ["lstsq", "qr", "svd", "svdvals"]
+# Note [Eigenproblems of whole matrices]
+# ``np.linalg.eigh`` needs each matrix whole: its eigenvectors depend on every entry. The
+# matrices a distributed program hands it are small (PCA's D x D covariance, a Gram matrix,
+# a Rayleigh-Ritz projection), usually Replicate already, so the decomposition runs on every
+# rank on its local value with no communication, and the results are Replicate: every rank
+# gets numpy's own eigenvalues and eigenvectors, bit for bit. Mesh dims that split a leading
+# (batch) axis of a stack of matrices keep their split (each rank decomposes its own
+# matrices). A mesh dim that splits one of the two matrix axes, or holds Partial values, is
+# resharded to Replicate first (one all-gather or all-reduce over it: the op's own
+# communication, as the replicate fallback would do, but with the batch splits kept). No
+# gradient: backward through eigh raises naming it.
+_EighResult = type(np.linalg.eigh(np.eye(1)))  # numpy's named tuple (its module is private)
+
+
+def _whole_matrices(a: DistTensor) -> DistTensor:
+    """``a`` with no mesh dim splitting its last two axes and no Partial (Note [Eigenproblems
+    of whole matrices]); numpy's errors for arrays that are not stacks of square matrices."""
+    if a.ndim < 2:
+        raise np.linalg.LinAlgError(
+            f"{a.ndim}-dimensional array given. Array must be at least two-dimensional"
+        )
+    if a.shape[-1] != a.shape[-2]:
+        raise np.linalg.LinAlgError("Last 2 dimensions of the array must be square")
+    pls = [
+        Replicate() if p.is_partial() or (p.is_shard() and p.dim >= a.ndim - 2) else p
+        for p in a.placements
+    ]
+    return a if tuple(pls) == a._spec.placements else reshard(a, a.mesh, pls)
+
+
+def _eig_results(a: DistTensor, name: str, uplo: str, vectors: bool):
+    if uplo not in ("L", "U"):
+        raise ValueError("UPLO argument must be 'L' or 'U'")
+    x = _whole_matrices(a)
+    spec = x._spec
+    probe = np.linalg.eigh(np.eye(1, dtype=a.dtype))  # numpy's result types (and its TypeError)
+    coord = spec.mesh.get_coord(comm.get_rank())
+    w_spec = DistSpec(spec.mesh, spec.placements, spec.shape[:-1], probe.eigenvalues.dtype)
+    v_spec = DistSpec(spec.mesh, spec.placements, spec.shape, probe.eigenvectors.dtype)
+    if coord is None:
+        w = np.empty(w_spec.local_shape(None), w_spec.dtype)
+        v = np.empty(v_spec.local_shape(None), v_spec.dtype)
+    elif vectors:
+        w, v = np.linalg.eigh(x._local, uplo)
+    else:
+        w, v = np.linalg.eigvalsh(x._local, uplo), None
+    outs = [DistTensor(w, w_spec)]
+    if vectors:
+        outs.append(DistTensor(v, v_spec))
+    if autograd.is_grad_enabled() and a.requires_grad:
+        autograd.record(name, (a,), outs, None)  # no gradient: backward raises naming it
+    return outs
+
+
+@implements(np.linalg.eigh, name="eigh")
+def _np_eigh(given):
+    return eigh(**given)
+
+
+@implements(np.linalg.eigvalsh, name="eigvalsh")
+def _np_eigvalsh(given):
+    return eigvalsh(**given)
+
+
+def eigh(a, UPLO="L"):
+    """``np.linalg.eigh``: eigenvalues (ascending) and eigenvectors of symmetric matrices, on
+    every rank that holds them (Note [Eigenproblems of whole matrices]).
+
+    >>> import numpy as np, disttensor as dt
+    >>> a = np.array([[2.0, 1.0], [1.0, 2.0]])
+    >>> w, v = np.linalg.eigh(dt.shard_tensor(a, dt.ProcessMesh([0]), [dt.Replicate()]))
+    >>> w.numpy(), w.placements
+    (array([1., 3.]), [Replicate()])
+    """
+    if not isinstance(a, DistTensor):
+        return np.linalg.eigh(a, UPLO)
+    return _EighResult(*_eig_results(a, "eigh", UPLO, vectors=True))
+
+
+def eigvalsh(a, UPLO="L"):
+    """``np.linalg.eigvalsh``: the eigenvalues of symmetric matrices, as ``eigh``.
+
+    >>> import numpy as np, disttensor as dt
+    >>> c = dt.shard_tensor(np.diag([3.0, 1.0]), dt.ProcessMesh([0]), [dt.Shard(0)])
+    >>> np.linalg.eigvalsh(c).numpy()
+    array([1., 3.])
+    """
+    if not isinstance(a, DistTensor):
+        return np.linalg.eigvalsh(a, UPLO)
+    return _eig_results(a, "eigvalsh", UPLO, vectors=False)[0]
+
+
+__all__ = ["eigh", "eigvalsh", "lstsq", "qr", "svd", "svdvals"]

@@ -16,6 +16,20 @@ Note [Gathers by index]
     way, adding into zeros of x's layout (``np.add.at``: repeated indices accumulate). A
     Partial x stays Partial (each rank picks from its own partial values: the op only moves
     items). Keys of other forms keep the counted replicate fallback.
+
+Note [Lookups in unsplit tensors]
+    When no mesh dim splits x (Replicate, Partial, or a Shard over a mesh dim of one rank),
+    every rank holds x's whole value (or its part of a Partial sum), so any numpy key (``V[:,
+    order]``, masks among slices, several arrays) is numpy's own indexing of the local value:
+    no communication, the Partials kept (picking items is linear). A DistTensor integer index
+    (``wte[ids]`` with a replicated table and the token ids split by batch) is looked up the
+    same way, each rank with its own shard of the indices, so the result is split like the
+    indices (Shard(d) of ids is Shard(d) of the result) where x is Replicate: no gather of the
+    indices, no communication. An index out of bounds raises numpy's IndexError on the ranks
+    that hold it (the others do not see it; under MPI the job then ends, see the guide's
+    "Hangs and exits"). Backward adds the output gradient into zeros of x's local shape
+    (``np.add.at``): Partial(sum) over the mesh dims that split the indices (each rank has the
+    contributions of its own indices), like ``embedding_grad`` for split ids.
 """
 
 from __future__ import annotations
@@ -27,7 +41,7 @@ import numpy as np
 
 from .. import autograd, comm
 from ..accounting import outside_rules
-from ..placement import Shard
+from ..placement import Partial, Replicate, Shard
 from ..spec import DistSpec
 from ..tensor import DistTensor, reshard
 
@@ -36,6 +50,10 @@ def gather_by_index(x: DistTensor, key: Any) -> DistTensor | None:
     """``x[key]`` by Note [Gathers by index]; None when the key is not of its form."""
     spec = x._spec
     mesh = spec.mesh
+    if not any(p.is_shard() and n > 1 for p, n in zip(spec.placements, mesh.shape)):
+        out = _unsplit_lookup(x, key)  # Note [Lookups in unsplit tensors]
+        if out is not None:
+            return out
     coords = _leading_coordinates(spec.shape, key)
     if coords is None:
         return None
@@ -65,6 +83,87 @@ def gather_by_index(x: DistTensor, key: Any) -> DistTensor | None:
 
         autograd.record("getitem[index]", (x,), (out,), backward)
     return out
+
+
+def _unsplit_lookup(x: DistTensor, key: Any) -> DistTensor | None:
+    """``x[key]`` of an x no mesh dim splits (Note [Lookups in unsplit tensors]); None for keys
+    with a DistTensor that is not one integer index on the leading axis (the general path)."""
+    spec = x._spec
+    mesh = spec.mesh
+    parts = key if isinstance(key, tuple) else (key,)
+    tensors = [i for i, k in enumerate(parts) if isinstance(k, DistTensor)]
+    if not tensors:
+        return _lookup(x, key, None)
+    idx = parts[0]
+    rest = parts[1:]
+    if (
+        tensors != [0]
+        or idx.mesh != mesh
+        or idx.dtype.kind not in "iu"
+        or any(not (r is Ellipsis or (isinstance(r, slice) and r == slice(None))) for r in rest)
+        or len(spec.shape) == 0
+    ):
+        return None
+    for p, q, n in zip(spec.placements, idx.placements, mesh.shape):
+        if n > 1 and (q.is_partial() or (q.is_shard() and p.is_partial())):
+            return None  # partial indices, or different ids against partial values
+    return _lookup(x, key, idx)
+
+
+def _lookup(x: DistTensor, key: Any, idx: DistTensor | None) -> DistTensor:
+    """numpy's ``x[key]`` on this rank's value of an unsplit x; ``idx``: the DistTensor index
+    that stands first in ``key``, whose shard replaces it (Note [Lookups in unsplit
+    tensors])."""
+    spec = x._spec
+    mesh = spec.mesh
+    coord = mesh.get_coord(comm.get_rank())
+    pls = _pls(idx, mesh)
+    placements = tuple(
+        Shard(q.dim) if q.is_shard() else (p if p.is_partial() else Replicate())
+        for p, q in zip(spec.placements, pls)
+    )
+    split = [q.is_shard() and n > 1 for q, n in zip(pls, mesh.shape)]
+    if idx is None:
+        local_key = key
+        if coord is None:  # numpy's result shape from a stand-in of no memory
+            out_shape = np.broadcast_to(np.empty((), spec.dtype), spec.shape)[key].shape
+    else:
+        rest = key[1:] if isinstance(key, tuple) else ()
+        local_key = (idx._local, *rest)
+        out_shape = (*idx.shape, *spec.shape[1:])
+    if coord is not None:
+        local = x._local[local_key]
+        if idx is None:
+            out_shape = local.shape
+    out_spec = DistSpec(mesh, placements, out_shape, spec.dtype)
+    if coord is None:
+        local = np.empty(out_spec.local_shape(None), spec.dtype)
+    out = DistTensor(np.ascontiguousarray(local), out_spec)
+    if x.requires_grad and autograd.is_grad_enabled():
+        plain = out_spec.without_partials()  # Note [Partial gradients] in autograd.py
+        grad_spec = spec.without_partials().replace(
+            placements=[
+                Partial("sum") if s else p
+                for p, s in zip(spec.without_partials().placements, split)
+            ]
+        )
+
+        def backward(grads):
+            g = grads[0]
+            if g._spec != plain:
+                g = reshard(g, mesh, list(plain.placements))
+            grad = np.zeros(grad_spec.local_shape(coord), spec.dtype)
+            if coord is not None:
+                np.add.at(grad, local_key, g._local)
+            return (DistTensor(grad, grad_spec),)
+
+        autograd.record("getitem[index]", (x,), (out,), backward)
+    return out
+
+
+def _pls(idx: DistTensor | None, mesh) -> tuple:
+    """The index's placements, all Replicate for a numpy key."""
+    return tuple(idx.placements) if idx is not None else (Replicate(),) * mesh.ndim
 
 
 def _leading_coordinates(shape: tuple[int, ...], key: Any) -> list[np.ndarray] | None:

@@ -191,6 +191,7 @@ def std(x, axis=None, ddof=0, keepdims=False):
 def logsumexp(x, axis=None, keepdims=False):
     """``log(sum(exp(x)))`` computed stably (shifted by the max)."""
     axis = _norm_axis(axis)
+    x = _resolved(x)  # not linear: a Partial is reduced once, here, not by each use below
     m = _shift(x, axis)
     m = EW["where"](EW["isfinite"](m), m, np.zeros((), m.dtype))
     s = sum(EW["exp"](EW["subtract"](x, m)), axis, keepdims=True)
@@ -215,12 +216,14 @@ def _shift(x, axis):
 
 def softmax(x, axis=-1):
     """``exp(x) / sum(exp(x))`` along ``axis``, shifted by the max for stability."""
+    x = _resolved(x)  # not linear: a Partial is reduced once, here, not by each use below
     e = EW["exp"](EW["subtract"](x, _shift(x, axis)))
     return EW["divide"](e, sum(e, axis, keepdims=True))
 
 
 def log_softmax(x, axis=-1):
     """``x - logsumexp(x)`` along ``axis``."""
+    x = _resolved(x)
     return EW["subtract"](x, logsumexp(x, axis, keepdims=True))
 
 

@@ -18,8 +18,13 @@ Note [Partial through ops]
       separately, so exactly one input Partial(t), the others Replicate -> Partial(t).
     * ops may add their own patterns (max of a Partial(max) is Partial(max)).
     Anything else reshards Partial inputs first.
-    A Partial is passed through only where that costs no communication: every other input is
-    already Replicate (or the same Partial). Gathering another operand to keep a Partial only
+    A Partial is passed through only where that costs no gather: every other input is
+    already Replicate, or a Partial that any plan must reduce anyway (a Partial(max) beside a
+    Partial(sum): reducing the max and keeping the sum saves the sum's all-reduce; the cost
+    model decides which to keep). For a product, only a Partial of another type: two factors
+    of one type may be one tensor (``d * d``), reduced once by dispatch, and keeping it
+    Partial would leave the product and its gradient Partial. Gathering another operand to
+    keep a Partial only
     postpones its reduction, and the Partial then makes every later op gather again (a
     gradient kept Partial through a row-parallel layer's backward would gather the weight and
     then every head-split activation of the attention). So a Partial meets a split operand
@@ -40,23 +45,32 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from ..placement import Partial, Placement, Replicate, Shard
 
 _R = Replicate()
 
 
-@dataclass(frozen=True, init=False)
+@dataclass(frozen=True, init=False, repr=False)
 class TensorSpec:
-    """A tensor's global shape and its placements (one per mesh dim); hashable.
+    """A tensor's global shape, its placements (one per mesh dim) and, optionally, its dtype
+    (what its bytes cost to move: Note [Price of a reshard]; float64 when not given);
+    hashable.
 
     >>> TensorSpec((4, 6), [Shard(-1)])
     TensorSpec(shape=(4, 6), placements=(Shard(dim=1),))
+    >>> TensorSpec((4, 6), [Replicate()], dtype="float32").itemsize
+    4
     """
 
     shape: tuple[int, ...]
     placements: tuple[Placement, ...]
+    dtype: np.dtype | None
 
-    def __init__(self, shape: Sequence[int], placements: Sequence[Placement]) -> None:
+    def __init__(
+        self, shape: Sequence[int], placements: Sequence[Placement], dtype: Any = None
+    ) -> None:
         try:
             shape = tuple(operator.index(s) for s in shape)
         except TypeError:
@@ -79,10 +93,19 @@ class TensorSpec:
             norm.append(p)
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "placements", tuple(norm))
+        object.__setattr__(self, "dtype", None if dtype is None else np.dtype(dtype))
 
     @property
     def ndim(self) -> int:
         return len(self.shape)
+
+    @property
+    def itemsize(self) -> int:
+        return 8 if self.dtype is None else self.dtype.itemsize
+
+    def __repr__(self) -> str:
+        dtype = "" if self.dtype is None else f", dtype={self.dtype.name!r}"
+        return f"TensorSpec(shape={self.shape}, placements={self.placements}{dtype})"
 
 
 @dataclass(frozen=True)
@@ -126,26 +149,47 @@ def replicate_fallback(specs: Sequence[TensorSpec], mesh_shape: tuple[int, ...])
     return RuleResult(tuple(rep for _ in specs), (rep,), None)
 
 
-# -- the einsum core -----------------------------------------------------------------------
-def reshard_cost(cur: Placement, req: Placement, k: int, nbytes: float) -> float:
-    """Bytes per rank a 1-D reshard moves (local copies priced low but not free)."""
+# -- the price of moving data (Note [Price of a reshard]) -------------------------------------
+# Note [Price of a reshard]
+#     Rules and the reshard planner price a 1-D move in bytes of wire time per rank: a
+#     collective costs LATENCY (its fixed time, as the bytes the wire moves meanwhile) plus its
+#     ring volume on B bytes: all-gather and reduce-scatter (k-1)/k B, all-reduce twice that,
+#     all-to-all (k-1)/k^2 B. Local moves (Replicate -> Shard: a slice; Replicate -> Partial:
+#     zeros off coordinate 0) cost a byte or so: they only break ties, since they move nothing
+#     and leave each rank less to compute. Measured here (docs/performance.md): a small dt
+#     reshard takes about 14 us and the shared-memory wire moves about 14 GB/s, so one
+#     collective costs what 200 KB cost on the wire; a network with 5 us latency and 10 GB/s
+#     gives 50 KB. LATENCY is 128 KiB, between the two: one collective that moves more wins
+#     over two that move less up to about that difference.
+#     One deliberate exception: for a rule, Partial -> Shard costs an all-reduce, not the
+#     reduce-scatter it is. The split result is usually needed whole later, which costs the
+#     other half; so a rule keeps a reduce-scatter only where the split saves elsewhere (an
+#     operand already split that way), and otherwise takes the one all-reduce. The planner,
+#     asked for an explicit Shard target, prices it as what it is (``planner=True``).
+LATENCY = 131072.0
+_LOCAL = 1.0  # a local move: a tie-breaker, never a reason to communicate
+
+
+def reshard_cost(
+    cur: Placement, req: Placement, k: int, nbytes: float, planner: bool = False
+) -> float:
+    """Wire bytes per rank a 1-D move of ``nbytes`` costs, latency included (Note [Price of
+    a reshard])."""
     if cur == req:
         return 0.0
     wire = nbytes * (k - 1) / k
     if req.is_replicate():
-        return 2 * wire if cur.is_partial() else wire
+        return LATENCY + (2 * wire if cur.is_partial() else wire)
     if req.is_shard():
         if cur.is_replicate():
-            return 0.01 * nbytes / k
-        # P -> S moves half of P -> R, but leaves the value split: a later op that needs it
-        # whole gathers the other half. Priced as the all-reduce, a rule keeps Partial -> Shard
-        # only where sharding saves elsewhere (an operand already split that way), and
-        # otherwise takes the one all-reduce (ties go to Replicate, the earlier candidate).
-        return wire / k if cur.is_shard() else 2 * wire
+            return _LOCAL
+        if cur.is_shard():
+            return LATENCY + wire / k
+        return LATENCY + (wire if planner else 2 * wire)
     # to Partial: local from Replicate, else through Replicate
     if cur.is_replicate():
-        return 0.001 * nbytes / k
-    return 2 * wire if cur.is_partial() else wire + 0.001 * nbytes / k
+        return _LOCAL
+    return LATENCY + (2 * wire if cur.is_partial() else wire) + _LOCAL
 
 
 def _inner_cost(spec: TensorSpec, mesh_shape: tuple[int, ...], m: int):
@@ -158,7 +202,8 @@ def _inner_cost(spec: TensorSpec, mesh_shape: tuple[int, ...], m: int):
             if isinstance(p, Shard):
                 for j in range(m + 1, len(mesh_shape)):
                     if spec.placements[j] == p:
-                        extra += math.prod(spec.shape) * (mesh_shape[j] - 1) / mesh_shape[j]
+                        whole = math.prod(spec.shape) * spec.itemsize
+                        extra += LATENCY + whole * (mesh_shape[j] - 1) / mesh_shape[j]
         return extra
 
     return cost
@@ -168,7 +213,7 @@ def _local_bytes(spec: TensorSpec, mesh_shape: tuple[int, ...], m: int) -> float
     others = math.prod(
         n for j, n in enumerate(mesh_shape) if j != m and spec.placements[j].is_shard()
     )
-    return math.prod(spec.shape) / others
+    return math.prod(spec.shape) * spec.itemsize / others
 
 
 def solve(
@@ -218,14 +263,17 @@ def solve(
         for t in sorted(kinds & {"sum", "avg"}):
             if linearity == "linear":
                 req = (Partial(t),) * len(specs)
-                if all(a == r or a.is_replicate() for a, r in zip(cur, req)):
+                if all(not a.is_shard() for a in cur):  # others R, or Partials reduced anyway
                     cands.append((req, Partial(t)))
             elif linearity == "multilinear":
                 pt = Partial(t)
                 for i in linear_in if linear_in is not None else range(len(specs)):
                     req = tuple(pt if j == i or j in added else _R for j in range(len(specs)))
+                    # another factor of the same Partial type may be this very tensor
+                    # (d * d: dispatch reduces it once; kept, the product and its gradient
+                    # stay Partial), so only other types are reduced to keep this one
                     if cur[i] == pt and all(
-                        a.is_replicate() or (j in added and a == pt)
+                        a.is_replicate() or (a.is_partial() and a != pt) or (j in added and a == pt)
                         for j, a in enumerate(cur)
                         if j != i
                     ):

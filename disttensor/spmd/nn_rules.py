@@ -6,10 +6,13 @@ Note [Row-wise rules]
     softmax, log_softmax, layer_norm and cross_entropy normalize over some axes (the softmax
     axis, the normalized axes, the class axis). A single local kernel needs those axes whole,
     so they are unshardable letters (Replicate); the other axes keep their sharding, and Partial
-    inputs are resharded (none of these ops is linear). The rules describe that single fused
-    kernel. dt.softmax is a composite of dt reductions and never needs these axes whole, and
-    dt.layer_norm / dt.cross_entropy run the fused op only when nothing splits them: Note
-    [Fused or composite] in ops/nn.py.
+    inputs are resharded (none of these ops is linear). But dt.softmax is a composite of dt
+    reductions, and dt.layer_norm / dt.cross_entropy run the fused op only when nothing splits
+    those axes (Note [Fused or composite] in ops/nn.py): where a mesh dim splits them, the
+    composite keeps the split and all-reduces per-row statistics. The rules describe what
+    dispatch does, so ``infer_forward`` tells the truth: on such a mesh dim the split stays
+    (and cross_entropy's loss is Partial(sum), its labels Replicate); the other mesh dims
+    decide as the fused kernel's rule would (``_keep_split``).
 
 Lookups are linear in the table they read from: embedding (``weight[ids]``) with the weight's
 rows split gives each rank the rows it owns and zeros elsewhere, so the output is Partial(sum)
@@ -31,6 +34,8 @@ import numpy as np
 
 from ..placement import Partial, Placement, Replicate, Shard
 from .core import RuleResult, TensorSpec, einsum_result, get_rule, register
+
+_R = Replicate()
 
 
 def _letters(n: int) -> str:
@@ -60,6 +65,31 @@ def _rowwise(subs, out, specs, mesh_shape, whole: str) -> RuleResult:
     )
 
 
+def _split_dims(spec: TensorSpec, axes, mesh_shape) -> list[int]:
+    """The mesh dims (of more than one rank) that split one of ``axes`` of ``spec``."""
+    return [
+        m
+        for m, (p, n) in enumerate(zip(spec.placements, mesh_shape))
+        if n > 1 and isinstance(p, Shard) and p.dim in axes
+    ]
+
+
+def _keep_split(fused, mesh_shape, split: list[int], inputs, output) -> RuleResult:
+    """Note [Row-wise rules]: the composite route. ``fused(mesh_shape)`` decides the mesh dims
+    that do not split the reduced axes (the others made size 1: they keep whatever they
+    hold); on a mesh dim m of ``split``, input i gets ``inputs[i](m)`` and the output
+    ``output(m)``."""
+    res = fused(tuple(1 if m in split else n for m, n in enumerate(mesh_shape)))
+    ins = [list(p) for p in res.inputs]
+    outs = [list(p) for p in res.outputs]
+    for m in split:
+        for i, place in enumerate(ins):
+            place[m] = inputs[i](m)
+        for place in outs:
+            place[m] = output(m)
+    return RuleResult(tuple(map(tuple, ins)), tuple(map(tuple, outs)), res.shapes)
+
+
 @register("softmax", "log_softmax")
 def softmax_rule(specs: Sequence[TensorSpec], mesh_shape, axis: Any = -1, **_) -> RuleResult:
     (x,) = specs
@@ -68,7 +98,17 @@ def softmax_rule(specs: Sequence[TensorSpec], mesh_shape, axis: Any = -1, **_) -
         axes = range(x.ndim)
     else:
         axes = [normalize_axis(a, x.ndim, "softmax") for a in np.atleast_1d(axis).tolist()]
-    return _rowwise([letters], letters, specs, mesh_shape, "".join(letters[a] for a in axes))
+    whole = "".join(letters[a] for a in axes)
+    split = _split_dims(x, axes, mesh_shape)
+    if not split:
+        return _rowwise([letters], letters, specs, mesh_shape, whole)
+    return _keep_split(  # the composite keeps a split softmax axis split
+        lambda shape: _rowwise([letters], letters, specs, shape, whole),
+        mesh_shape,
+        split,
+        [lambda m: x.placements[m]],
+        lambda m: x.placements[m],
+    )
 
 
 @register("layer_norm")
@@ -86,7 +126,20 @@ def layer_norm_rule(
                 f"got {s.shape}"
             )
     subs = [letters] + [letters[begin:]] * (len(specs) - 1)
-    return _rowwise(subs, letters, specs, mesh_shape, letters[begin:])
+    split = _split_dims(x, range(begin, x.ndim), mesh_shape)
+    if not split:
+        return _rowwise(subs, letters, specs, mesh_shape, letters[begin:])
+
+    def param(m: int) -> Placement:  # weight and bias split like x's normalized axes
+        return Shard(x.placements[m].dim - begin)
+
+    return _keep_split(
+        lambda shape: _rowwise(subs, letters, specs, shape, letters[begin:]),
+        mesh_shape,
+        split,
+        [lambda m: x.placements[m]] + [param] * (len(specs) - 1),
+        lambda m: x.placements[m],
+    )
 
 
 def _label_letters(logits: TensorSpec, labels: TensorSpec, axis: int, what: str):
@@ -111,7 +164,17 @@ def cross_entropy_rule(
     a dt.mean/dt.sum of it, whose rule is chained here so infer_forward shows the whole op."""
     logits, labels = specs
     letters, rest, cls = _label_letters(logits, labels, axis, "cross_entropy")
-    res = _rowwise([letters, rest], rest, specs, mesh_shape, cls)
+    split = _split_dims(logits, (letters.index(cls),), mesh_shape)
+    if not split:
+        res = _rowwise([letters, rest], rest, specs, mesh_shape, cls)
+    else:  # vocabulary-parallel: logits stay, labels whole there, the loss Partial(sum)
+        res = _keep_split(
+            lambda shape: _rowwise([letters, rest], rest, specs, shape, cls),
+            mesh_shape,
+            split,
+            [lambda m: logits.placements[m], lambda m: _R],
+            lambda m: Partial("sum"),
+        )
     if reduction == "none":
         return res
     if reduction not in ("mean", "sum"):

@@ -16,6 +16,9 @@ import numpy as np
 from ..placement import Partial, Replicate
 from .core import RuleResult, einsum_result, parse_equation, register
 
+_R = Replicate()
+_AVG = Partial("avg")
+
 # -- pointwise ------------------------------------------------------------------------------
 # linearity: "linear" (jointly in every argument), an int tuple (multilinear: linear in each of
 # those argument positions separately), or None.
@@ -87,6 +90,43 @@ POINTWISE: dict[str, Any] = {
 _JOINT = {"where"}
 _LINEAR = {"sum", "avg"}  # multilinear entries that are in fact jointly linear
 
+# Note [Partial max/min through monotone ops]
+#     A Partial(max) tensor is the max over ranks of their local values; an op f that is
+#     non-decreasing in one argument (the others Replicate) gives max_r f(a_r) = f(max_r a_r),
+#     so Partial(max) in -> Partial(max) out with no communication (Partial(min) alike; a
+#     non-increasing f swaps them). Exact only where f is defined on all of [-inf, inf]: a
+#     rank's local value of a Partial(max) can be -inf (an empty shard's max) and one NaN
+#     poisons the reduction. So exp, tanh, sigmoid, relu, clip, maximum, ... are listed; log,
+#     sqrt, power are not; nor is x + r: -inf + inf is NaN where the true sum is inf.
+#     maximum of two Partial(max) tensors is Partial(max) (the max of all of them), minimum of
+#     two Partial(min) likewise, and where(c, x, y) of Partial x and y with c Replicate.
+MONOTONE: dict[str, int] = {  # +1 non-decreasing, -1 non-increasing, in its tensor arguments
+    **dict.fromkeys(
+        ("positive", "exp", "expm1", "tanh", "sigmoid", "arctan", "sinh", "relu", "sign"), 1
+    ),
+    **dict.fromkeys(("floor", "ceil", "round", "clip", "maximum", "minimum", "where"), 1),
+    "negative": -1,
+}
+_MONOTONE_ARGS = {"where": (1, 2)}  # where(c, x, y): monotone in x and y, never in c
+_JOINT_EXTREMES = {"maximum": ("max",), "minimum": ("min",), "where": ("max", "min")}
+_SWAP = {"max": "min", "min": "max"}
+
+
+def _monotone_patterns(name: str, n: int, pos: tuple[int, ...]) -> list:
+    """Note [Partial max/min through monotone ops]: (input placements, output) candidates."""
+    sign = MONOTONE.get(name)
+    if sign is None:
+        return []
+    args = [i for i, p in enumerate(pos) if p in _MONOTONE_ARGS.get(name, (p,))]
+    out = []
+    for t in ("max", "min"):
+        o = Partial(t if sign > 0 else _SWAP[t])
+        for i in args:
+            out.append((tuple(Partial(t) if j == i else _R for j in range(n)), o))
+        if len(args) > 1 and t in _JOINT_EXTREMES.get(name, ()):
+            out.append((tuple(Partial(t) if j in args else _R for j in range(n)), o))
+    return out
+
 
 def broadcast_subscripts(shapes: Sequence[tuple[int, ...]]) -> tuple[list[str], str, set[str]]:
     """Letters for a broadcasting op: shared letters for matching axes, fresh (unshardable)
@@ -124,17 +164,22 @@ def pointwise_rule(name: str):
         nargs = len(specs) if nargs is None else nargs
         subs, out, broadcast = broadcast_subscripts([s.shape for s in specs])
         options: dict[str, Any] = {"unshardable": frozenset(broadcast), "linearity": "none"}
+        patterns = _monotone_patterns(name, len(specs), pos)
         if kind == "linear" and nargs == len(specs):  # a scalar argument breaks joint linearity
             options["linearity"] = "linear"
+        elif name in ("add", "subtract") and len(specs) == 1:  # x + c: the mean of x_r + c
+            patterns.append(((_AVG,), _AVG))  # is the mean of x_r, plus c (a sum's is not)
         elif isinstance(kind, tuple):
             tensors = [i for i, p in enumerate(pos) if p in kind]
             if name in _JOINT:
                 # where(c, x, y), all three tensors: x and y may be Partial together, c never
                 if len(tensors) == len(kind) and nargs == len(specs):
-                    options["partial_patterns"] = _where_patterns(specs)
+                    patterns += _where_patterns(specs)
             else:
                 options["linearity"] = "multilinear"
                 options["linear_in"] = tensors
+        if patterns:
+            options["partial_patterns"] = patterns
         return einsum_result(subs, out, specs, mesh_shape, **options)
 
     return rule

@@ -574,7 +574,7 @@ def check_example(call, ex: Example, k: int) -> list[Finding]:
     exact = {c: exact_outputs(call, ex, c, k) for c in combos} if rule else {}
     required: dict[tuple, tuple] = {}  # input placements -> the placements the rule asks for
     for c in combos if rule else ():
-        specs = tuple(TensorSpec(g.shape, [_seen(g, p)]) for g, p in zip(tensors, c))
+        specs = tuple(TensorSpec(g.shape, [_seen(g, p)], g.dtype) for g, p in zip(tensors, c))
         try:
             res = rule(specs, (k,), pos=ex.pos, nargs=len(args), **ex.attrs)
         except Exception as e:
