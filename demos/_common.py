@@ -1,4 +1,4 @@
-"""Helpers shared by the training demos: rank-0 output, mesh and dtype options, the self-check.
+"""Helpers shared by the training demos: mesh and dtype options, the training loop, the self-check.
 
 Every demo trains a model sharded over the mesh, then trains the same model again on a
 one-rank mesh of its own rank (the single-process program, no communication) and compares
@@ -37,12 +37,6 @@ class _Record(argparse.Action):
         setattr(namespace, self.dest, value)
 
 
-def say(text: str = "") -> None:
-    """Print on rank 0 only."""
-    if dt.get_rank() == 0:
-        print(text, flush=True)
-
-
 def _positive(text: str) -> int:
     n = int(text)
     if n < 1:
@@ -77,8 +71,7 @@ def options(
 
 def fail(message: str, code: int = 2) -> None:
     """Exit every rank with ``code``; rank 0 prints ``message`` (every rank must call this)."""
-    if dt.get_rank() == 0:
-        print(message, file=sys.stderr, flush=True)
+    dt.print0(message, file=sys.stderr)
     raise SystemExit(code)
 
 
@@ -109,7 +102,7 @@ def single_mesh() -> dt.ProcessMesh:
 def progress(step: int, steps: int, loss: float, seconds: float) -> None:
     """The rank-0 line of one training step."""
     width = len(str(steps))
-    say(f"step {step:>{width}}/{steps}  loss {loss:.6f}  {seconds * 1e3:7.1f} ms")
+    dt.print0(f"step {step:>{width}}/{steps}  loss {loss:.6f}  {seconds * 1e3:7.1f} ms")
 
 
 def collectives(**phases: dt.CommCounter) -> str:
@@ -189,9 +182,9 @@ def fit(opt, batches, loss_of, named, steps: int, show: bool = False, dp=False) 
         if show:
             progress(step, steps, losses[-1], t.seconds)
     if show:
-        say("collectives per step: " + collectives(forward=fwd, backward=bwd, optimizer=upd))
+        dt.print0("collectives per step: " + collectives(forward=fwd, backward=bwd, optimizer=upd))
         if dp is not False:
-            say(describe_buckets(dp))
+            dt.print0(describe_buckets(dp))
     pairs = list(named())
     result = {
         "losses": dict(enumerate(losses, 1)),
@@ -285,7 +278,9 @@ def check(sharded: dict, single: dict, dtype: str) -> float:
 
 
 def ok(worst: float, dtype: str) -> None:
-    say(f"OK: matches single process (max rel diff {worst:.2g}, tolerance {TOLERANCE[dtype]:g})")
+    dt.print0(
+        f"OK: matches single process (max rel diff {worst:.2g}, tolerance {TOLERANCE[dtype]:g})"
+    )
 
 
 def perturb(p: dt.DistTensor) -> None:

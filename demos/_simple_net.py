@@ -5,7 +5,7 @@ on a 1-D mesh of every rank with the placements the demo gives, then again on on
 from __future__ import annotations
 
 import numpy as np
-from _common import check, data_parallel, fit, ok, options, perturb, say, single_mesh
+from _common import check, data_parallel, fit, ok, options, perturb, single_mesh
 
 import disttensor as dt
 
@@ -57,7 +57,7 @@ def main(doc: str, dim_name: str, placements: dict, what: str) -> None:
     args = options(doc, steps=5, mesh=False, data_parallel=dim_name == "dp").parse_args()
     world = dt.get_world_size()
     mesh = dt.ProcessMesh(list(range(world)), dim_names=[dim_name])
-    say(
+    dt.print0(
         f"x({BATCH}, {IN}) @ w0({IN}, {HIDDEN}) @ w1({HIDDEN}, {OUT}), MSE loss, SGD, "
         f"{args.dtype}\n{what} on {world} rank(s): "
         + ", ".join(f"{k} {p}" for k, p in placements.items())

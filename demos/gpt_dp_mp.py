@@ -23,7 +23,6 @@ from _common import (
     ok,
     options,
     perturb,
-    say,
     single_mesh,
 )
 
@@ -98,7 +97,7 @@ def main() -> None:
     mesh = mesh_2d(args.mesh)
     dtype = np.dtype(args.dtype)
     dp, mp = mesh.shape
-    say(
+    dt.print0(
         f"GPT: vocab {VOCAB}, dim {DIM}, {HEADS} heads, {LAYERS} blocks, seq {SEQ}, batch "
         f"{BATCH}, AdamW, {dtype}\nmesh {dp}x{mp} (dp x mp): batch split {dp} ways; "
         f"embedding, blocks and lm head tensor-parallel {mp} ways"
@@ -110,7 +109,7 @@ def main() -> None:
     first, last = losses[1], losses[len(losses)]
     if args.steps >= 5 and not last < 0.7 * first:
         fail(f"FAIL: the loss did not go down enough ({first:.4f} -> {last:.4f})", code=1)
-    say(f"loss {first:.4f} -> {last:.4f}")
+    dt.print0(f"loss {first:.4f} -> {last:.4f}")
     ok(worst, args.dtype)
 
 

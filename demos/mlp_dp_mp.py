@@ -19,7 +19,6 @@ from _common import (
     ok,
     options,
     perturb,
-    say,
     single_mesh,
 )
 
@@ -80,7 +79,7 @@ def main() -> None:
     mesh = mesh_2d(args.mesh)
     dtype = np.dtype(args.dtype)
     dp, mp = mesh.shape
-    say(
+    dt.print0(
         f"Linear({IN}, {HIDDEN}) -> LayerNorm -> Linear({HIDDEN}, {OUT}), Adam, {dtype}, "
         f"batch {BATCH}\nmesh {dp}x{mp} (dp x mp): batch split {dp} ways, "
         f"fc1 column- and fc2 row-parallel {mp} ways"

@@ -391,9 +391,7 @@ def main() -> None:
     # hidden: perturb one rank's shard of an input, to see the check fail
     p.add_argument("--perturb", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
-    rank = dt.get_rank()
-    if rank == 0:
-        print(f"{dt.get_world_size()} rank(s); tolerance {TOLERANCE:g} (float64)", flush=True)
+    dt.print0(f"{dt.get_world_size()} rank(s); tolerance {TOLERANCE:g} (float64)")
     failed = False
     for program in PROGRAMS:
         if args.only and program.name not in args.only:
@@ -401,14 +399,11 @@ def main() -> None:
         for layout in program.layouts:
             result = check(program, layout, args.perturb)
             failed |= not result[0] <= TOLERANCE
-            if rank == 0:
-                print(report(program, layout, *result), flush=True)
+            dt.print0(report(program, layout, *result))
     if failed:
-        if rank == 0:
-            print("MISMATCH: a sharded run differs from numpy", flush=True)
+        dt.print0("MISMATCH: a sharded run differs from numpy")
         raise SystemExit(1)
-    if rank == 0:
-        print("OK: every program matches numpy", flush=True)
+    dt.print0("OK: every program matches numpy")
 
 
 if __name__ == "__main__":

@@ -25,10 +25,13 @@ from .creation import (
     zeros_like,
 )
 from .debug import CommCounter, fallback_report
+from .explain import explain
+from .interactive import simulated
 from .mesh import ProcessMesh, init_mesh
 from .nn.sharding import shard_layer
 from .ops import *  # noqa: F403  (numpy-named ops: dt.add, dt.matmul, dt.sum, ...)
 from .ops import __all__ as _ops_all
+from .output import get_logger, print0
 from .parallel import DataParallel
 from .placement import Partial, Placement, Replicate, Shard
 from .spec import DistSpec
@@ -58,9 +61,11 @@ __all__ = [
     "empty",
     "empty_like",
     "enable_grad",
+    "explain",
     "fallback_report",
     "full",
     "full_like",
+    "get_logger",
     "get_rank",
     "get_world_size",
     "init_mesh",
@@ -69,6 +74,7 @@ __all__ = [
     "manual_seed",
     "nn",
     "optim",
+    "print0",
     "no_grad",
     "ones",
     "ones_like",
@@ -79,6 +85,7 @@ __all__ = [
     "shard_layer",
     "shard_tensor",
     "simulate",
+    "simulated",
     "spmd",
     "visualize_sharding",
     "zeros",

@@ -27,6 +27,7 @@ from .autograd import NOT_DIFFERENTIABLE as _NOT_DIFFERENTIABLE
 from .autograd import _memo  # Note [One move per input]
 from .comm import _ctx as _comm_ctx
 from .comm.agree import doing
+from .explain import HOOKS as _explain
 from .placement import Replicate
 from .spec import DistSpec
 from .spmd import TensorSpec, get_rule
@@ -194,6 +195,8 @@ def _call(op: Op, *args: Any, **attrs: Any) -> Any:
             tensors = [args[i] for i in entry.pos]
             return _finish(op, args, attrs, entry, entry.plan, last[4].mesh, last[1], kargs, result,
                            tensors, entry.pos)  # fmt: skip
+    if _explain.active:  # dt.explain records this thread's calls (Note [Explain hooks])
+        return _explain.on_op(_general, op, args, attrs, key, entry)
     return _general(op, args, attrs, key, entry)
 
 

@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import math
+import operator
 from collections.abc import Sequence
 from functools import cached_property
 from typing import Any
@@ -172,8 +174,22 @@ def init_mesh(shape: int | Sequence[int], dim_names: Sequence[str] | None = None
     """
     from .comm import get_world_size
 
-    shape = (shape,) if isinstance(shape, int) else tuple(shape)
-    n = int(np.prod(shape))
+    # Checked before the product: a negative or zero size would otherwise turn into advice
+    # such as "launch with mpiexec -n -2".
+    try:
+        shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
+        if any(isinstance(s, (bool, np.bool_)) for s in shape):
+            raise TypeError
+        shape = tuple(operator.index(s) for s in shape)
+    except TypeError:
+        raise TypeError(
+            f"init_mesh: shape must be an int or a sequence of ints, got {shape!r}"
+        ) from None
+    if not shape:
+        raise ValueError("init_mesh: the mesh needs at least one dim, got shape ()")
+    if min(shape) < 1:
+        raise ValueError(f"init_mesh: every mesh dim needs a size >= 1, got shape {shape}")
+    n = math.prod(shape)
     world = get_world_size()
     if n != world:
         raise ValueError(

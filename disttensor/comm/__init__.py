@@ -45,7 +45,13 @@ def world() -> Communicator:
 
 def group(ranks: tuple[int, ...]) -> Communicator:
     """The cached communicator of global ``ranks`` (collective over them on first use)."""
-    return world().group(ranks)
+    w = world()
+    try:
+        return w.group(ranks)
+    except ValueError:  # MPI's: a rank of ``ranks`` is not in this world
+        if max(ranks) < w.size:
+            raise
+        raise ValueError(outside_world(tuple(ranks), w.size)) from None
 
 
 def get_rank() -> int:
@@ -63,7 +69,7 @@ def barrier() -> None:
     world().barrier()
 
 
-from .threads import RankAborted, simulate  # noqa: E402  (threads imports this module lazily)
+from .threads import RankAborted, outside_world, simulate  # noqa: E402  (imports us lazily)
 
 __all__ = [
     "Communicator",

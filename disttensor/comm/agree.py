@@ -135,7 +135,8 @@ def describe(kind: str, key: tuple, seq: int, ranks: tuple[int, ...]) -> str:
     """This rank's call, for the error message."""
     doing_now = context()
     line = user_line()
-    text = f"{kind} {_key_text(key)} (call #{seq} on ranks {list(ranks)})"
+    call = f"{kind} {_key_text(key)}" if key else kind  # "barrier", not "barrier  (call"
+    text = f"{call} (call #{seq} on ranks {list(ranks)})"
     if doing_now:
         text = f"{doing_now} > {text}"
     return f"{text} at {line}" if line else text
@@ -160,6 +161,9 @@ HINTS = {
     "another tensor); or pass src=rank to take the data from one rank",
     "dtensor_from_local": "every rank must pass the same global_shape, dtype and placements, "
     "and a local shard of the shape its box has (shards follow numpy.array_split)",
+    "optimizer step": "every rank must compute the same gradients before opt.step() (a "
+    "backward, or a gradient set by hand, on some ranks only would update some shards and not "
+    "the others); the digits are the parameters with (1) and without (0) a gradient",
     "random draw": "every rank must draw from the same stream: call dt.manual_seed with the "
     "same seed on every rank, and make the same sequence of dt.rand/dt.randn calls (each "
     "rank draws its own shard of one global tensor)",

@@ -124,12 +124,18 @@ class Communicator:
         calls = self._check_all((kind, agree.describe(kind, key, self._seq, self.ranks)), kind)
         raise agree.diverged(calls, self.ranks)
 
+    def _agree_before(self, kind: str, key: tuple) -> None:
+        """The agreement before a collective of ``kind``: ``agree`` here; a backend whose
+        collectives meet anyway (simulated ranks) carries it in the collective's own
+        exchange."""
+        self.agree(kind, key)
+
     # -- collectives -------------------------------------------------------------------------
     def allreduce(self, send: np.ndarray, recv: np.ndarray, op: str = "sum") -> None:
         """``recv`` gets the ``op``-reduction of every rank's ``send``; ``send is recv`` reduces
         in place."""
         if agree.CHECK:
-            self.agree("all_reduce", (send.dtype, send.size, op))
+            self._agree_before("all_reduce", (send.dtype, send.size, op))
         record("all_reduce", send.nbytes)
         self._allreduce(send, recv, op)
 
@@ -137,7 +143,7 @@ class Communicator:
         """Non-blocking ``allreduce`` (in place too): neither buffer may be touched until
         the returned Work's ``wait()``."""
         if agree.CHECK:
-            self.agree("all_reduce", (send.dtype, send.size, op))
+            self._agree_before("all_reduce", (send.dtype, send.size, op))
         record("all_reduce", send.nbytes)
         return self._iallreduce(send, recv, op)
 
@@ -147,7 +153,7 @@ class Communicator:
         ``counts`` must be the same list on every rank of the group.
         """
         if agree.CHECK:
-            self.agree("all_gather", (send.dtype, tuple(counts)))
+            self._agree_before("all_gather", (send.dtype, tuple(counts)))
         record("all_gather", send.nbytes)
         self._allgather(send, recv, counts)
 
@@ -156,7 +162,7 @@ class Communicator:
     ) -> None:
         """``send`` holds ``sum(counts)`` elements; rank i receives the reduced block i."""
         if agree.CHECK:
-            self.agree("reduce_scatter", (send.dtype, tuple(counts), op))
+            self._agree_before("reduce_scatter", (send.dtype, tuple(counts), op))
         record("reduce_scatter", send.nbytes)
         self._reduce_scatter(send, recv, counts, op)
 
@@ -175,13 +181,13 @@ class Communicator:
         """
         if agree.CHECK:  # per-rank counts differ legitimately; equal blocks are equal sizes
             blocks = (send.size, "equal blocks") if send_counts is None else ()
-            self.agree("all_to_all", (send.dtype, *blocks))
+            self._agree_before("all_to_all", (send.dtype, *blocks))
         record("all_to_all", send.nbytes)
         self._alltoall(send, send_counts, recv, recv_counts)
 
     def broadcast(self, buf: np.ndarray, root: int = 0) -> None:
         if agree.CHECK:
-            self.agree("broadcast", (buf.dtype, buf.size, "root", root))
+            self._agree_before("broadcast", (buf.dtype, buf.size, "root", root))
         record("broadcast", buf.nbytes if self.rank == root else 0)
         self._broadcast(buf, root)
 
@@ -200,14 +206,14 @@ class Communicator:
 
     def barrier(self) -> None:
         if agree.CHECK:
-            self.agree("barrier", ())
+            self._agree_before("barrier", ())
         record("barrier", 0)
         self._barrier()
 
     def allgather_object(self, obj: Any) -> list[Any]:
         """Small metadata only (shapes, flags): pickled, never used for tensor data."""
         if agree.CHECK:
-            self.agree("all_gather_object", ())
+            self._agree_before("all_gather_object", ())
         record("all_gather_object", 0)
         return self._allgather_object(obj)
 

@@ -190,9 +190,11 @@ class MPIComm(Communicator):
             WATCH.exit(key)
 
 
-def _watched(name: str, what: str, nonblocking: bool = False) -> None:
+def _watched(name: str, what: str, nonblocking: bool = False, peer: str = "") -> None:
     """Register MPIComm's ``name`` with the watchdog while it blocks (Note [Waiting for a
-    rank that is gone]); a non-blocking call is registered while its Work waits."""
+    rank that is gone]); a non-blocking call is registered while its Work waits. A
+    point-to-point call (``peer`` "to" or "from") is reported with the rank it waits on,
+    which is the rank that skipped the matching call."""
     call = getattr(MPIComm, name)
 
     def blocking(self, *args):
@@ -205,10 +207,11 @@ def _watched(name: str, what: str, nonblocking: bool = False) -> None:
     def started(self, *args):
         work = call(self, *args)
         wait, ranks = work._wait, self.ranks
+        label = f"{what} {peer} rank {ranks[args[1]]}" if peer else what  # args: buf, peer
         if wait is not None:
 
             def watched_wait() -> None:
-                key = WATCH.enter(what, ranks)
+                key = WATCH.enter(label, ranks)
                 try:
                     wait()
                 finally:
@@ -230,8 +233,9 @@ for _name, _what in [
     ("_allgather_object", "all_gather_object"),
 ]:
     _watched(_name, _what)
-for _name, _what in [("_iallreduce", "all_reduce"), ("_isend", "send"), ("_irecv", "recv")]:
-    _watched(_name, _what, nonblocking=True)
+_watched("_iallreduce", "all_reduce", nonblocking=True)
+_watched("_isend", "send", nonblocking=True, peer="to")
+_watched("_irecv", "recv", nonblocking=True, peer="from")
 
 
 def world_comm() -> MPIComm:

@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from .base import Communicator, Work, displacements, equal_counts, reduce_arrays
+from . import agree
+from .base import Communicator, Work, displacements, equal_counts, record, reduce_arrays
 
 
 class RankAborted(RuntimeError):
@@ -55,6 +56,16 @@ class _World:
         if self.failed is not None:
             raise RankAborted(f"stopped because simulated rank {self.failed[0]} failed")
 
+    def reset(self) -> None:
+        """Forget a failure, so the ranks can go on (dt.simulated: the next statement).
+        Only while no rank is inside a collective."""
+        with self.lock:
+            self.failed = None
+            self.mailboxes.clear()  # sends nobody received belong to the failed statement
+            groups = list(self.groups.values())
+        for g in groups:
+            g.barrier.reset()
+
 
 class _Group:
     def __init__(self, ranks: tuple[int, ...], world: _World) -> None:
@@ -74,26 +85,44 @@ class _Group:
                 "collectives in the same order."
             ) from None
 
-    def exchange(self, i: int, item: Any, what: str, compute: Callable[[list], Any]) -> Any:
+    def exchange(
+        self,
+        i: int,
+        item: Any,
+        what: str,
+        compute: Callable[[list], Any],
+        check: bool = False,
+        agreement: Any = None,
+    ) -> Any:
         """Post ``item``, then return ``compute(all posted items)`` once every rank has posted.
         Ranks that reached different collectives (``what``) raise a clear error, all of them,
-        instead of mixing their buffers."""
+        instead of mixing their buffers. Agreement checks (``check``) of different kinds do
+        meet: comparing them is their purpose, and it gives the per-rank ``RanksDiverged``
+        that MPI ranks get (MPI runs the checks on a channel of their own). ``agreement``: the
+        fingerprint of this rank's call (Note [Ranks agree before a collective]), carried in
+        this very exchange; if the ranks' differ, every rank gets MISMATCH, not a result."""
         self.world.check()
-        self.slots[i] = (what, item)
+        self.slots[i] = (what, check, item, agreement)
         self._meet(what)
         try:
             posted = list(self.slots)
-            kinds = [k for k, _ in posted]
-            if len(set(kinds)) > 1:
+            first = posted[0][3]
+            if first is not None and any(p[3] != first for p in posted):
+                return MISMATCH  # every rank sees the same slots: all of them return this
+            kinds = [p[0] for p in posted]
+            if len(set(kinds)) > 1 and not all(p[1] for p in posted):
                 raise RuntimeError(
                     f"ranks {list(self.ranks)} called different collectives at the same point: "
                     + ", ".join(f"rank {r}: {k}" for r, k in zip(self.ranks, kinds))
                     + ". Every rank must make the same collective calls in the same order "
                     "(printing, numpy(), float() or an op on some ranks only diverges them)"
                 )
-            return compute([x for _, x in posted])
+            return compute([p[2] for p in posted])
         finally:
             self._meet(what)  # nobody reuses the slots before everyone has read them
+
+
+MISMATCH = object()  # exchange's answer when the ranks' agreements differ
 
 
 class ThreadComm(Communicator):
@@ -108,10 +137,51 @@ class ThreadComm(Communicator):
         self._group = world.group(ranks)
 
     def _new_group(self, ranks):
+        if max(ranks) >= self.world.size:  # a rendezvous nobody else would ever reach
+            raise ValueError(outside_world(ranks, self.world.size))
         return ThreadComm(self.world, ranks, ranks.index(self.ranks[self.rank]))
 
+    # Note [Ranks agree before a collective] (comm/agree.py), simulated: the ranks meet in
+    # every collective anyway, so the agreement travels in the collective's own exchange (a
+    # second rendezvous would cost a third of a simulated grid's time); only a mismatch
+    # takes another round, to exchange the per-rank descriptions.
+    _pending: tuple | None = None  # (kind, key, agreement) of the collective about to start
+
+    def _mine(self, kind: str, key: tuple) -> Any:
+        if agree.DEBUG:
+            return agree.full(kind, key)
+        fp = agree.FINGERPRINTS.get((kind, key))
+        return agree.fingerprint(kind, key) if fp is None else fp
+
+    def agree(self, kind, key):
+        self._seq += 1
+        if self.size == 1:
+            return
+        record("check", 16)
+        mine = self._mine(kind, key)
+        got = self._group.exchange(self.rank, None, kind, _ok, check=True, agreement=mine)
+        if got is MISMATCH:
+            self._diverged(kind, key)
+
+    def _agree_before(self, kind, key):
+        self._seq += 1
+        if self.size > 1:
+            record("check", 16)
+            self._pending = (kind, key, self._mine(kind, key))
+
+    def _diverged(self, kind: str, key: tuple):
+        mine = (kind, agree.describe(kind, key, self._seq, self.ranks))
+        calls = self._group.exchange(self.rank, mine, kind, list, check=True)
+        raise agree.diverged(calls, self.ranks)
+
     def _x(self, item, what, compute):
-        return self._group.exchange(self.rank, item, what, compute)
+        pending, self._pending = self._pending, None
+        if pending is None or pending[0] != what:  # checks off, or a 1-rank group
+            return self._group.exchange(self.rank, item, what, compute)
+        got = self._group.exchange(self.rank, item, what, compute, agreement=pending[2])
+        if got is MISMATCH:
+            self._diverged(pending[0], pending[1])
+        return got
 
     def _allreduce(self, send, recv, op):
         if send is recv:  # other ranks read the posted buffer while this one writes recv
@@ -194,11 +264,20 @@ class ThreadComm(Communicator):
     def _allgather_object(self, obj):
         return self._x(obj, "all_gather_object", list)
 
-    def _check_fp(self, fp, kind):
-        return self._x(fp, kind, lambda items: all(f == items[0] for f in items))
 
-    def _check_all(self, obj, kind):
-        return self._x(obj, kind, list)
+def _ok(items: list) -> bool:
+    return True
+
+
+def outside_world(ranks: tuple[int, ...], size: int) -> str:
+    """The error for a group naming ranks this world does not have: usually data made on
+    simulated ranks that have ended."""
+    return (
+        f"ranks {list(ranks)} cannot communicate here: this world has {size} "
+        f"rank{'s' * (size != 1)}. Data made on simulated ranks (dt.simulate) cannot communicate "
+        "once they have ended: return what you need (x.numpy(), str(x)) from the simulated "
+        "function, or keep the ranks running with dt.simulated(n)"
+    )
 
 
 def simulate(

@@ -32,6 +32,17 @@ def _seed(seed: int | None, k: int) -> int | None:
     return None if seed is None else int(seed) * 1000 + k
 
 
+def _sizes(layer: str, **sizes: Any) -> None:
+    """Refuse a size that is not an int >= 0 naming the layer's argument: a negative size
+    would otherwise fail deep inside (``Linear(-4, 3)``: "math domain error" from the
+    initialization bound)."""
+    for name, n in sizes.items():
+        if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)):
+            raise TypeError(f"{layer}: {name} must be an int, got {n!r}")
+        if n < 0:
+            raise ValueError(f"{layer}: {name} must be >= 0, got {n}")
+
+
 def _uniform(shape, bound: float, dtype, mesh, seed) -> DistTensor:
     with no_grad():
         u = creation.rand(shape, dtype, seed=seed, mesh=mesh)
@@ -52,6 +63,7 @@ class Linear(Module):
         seed: int | None = None,
     ) -> None:
         super().__init__()
+        _sizes("Linear", in_features=in_features, out_features=out_features)
         self.in_features, self.out_features = in_features, out_features
         bound = 1 / math.sqrt(in_features) if in_features else 0.0
         self.weight = _uniform((in_features, out_features), bound, dtype, mesh, _seed(seed, 0))
@@ -78,6 +90,7 @@ class Embedding(Module):
         seed: int | None = None,
     ) -> None:
         super().__init__()
+        _sizes("Embedding", num_embeddings=num_embeddings, embedding_dim=embedding_dim)
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         with no_grad():
             w = creation.randn(
@@ -105,7 +118,10 @@ class LayerNorm(Module):
         mesh: ProcessMesh | None = None,
     ) -> None:
         super().__init__()
-        shape = (normalized_shape,) if isinstance(normalized_shape, int) else normalized_shape
+        given = normalized_shape
+        shape = tuple(given) if isinstance(given, (Sequence, np.ndarray)) else (given,)
+        for n in shape:  # checked first: int(2.5) would truncate silently
+            _sizes("LayerNorm", normalized_shape=n)
         self.normalized_shape = tuple(int(n) for n in shape)
         self.eps = eps
         if elementwise_affine:

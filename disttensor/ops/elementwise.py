@@ -124,9 +124,22 @@ def clip(x, a_min=None, a_max=None):
     return OPS["clip"](x, a_min, a_max)
 
 
+class DtypeRefused(TypeError):
+    """A dtype no DistTensor can hold; raised as it is, never retried by the gathering
+    fallback of numpy functions (which would gather the value first, then fail)."""
+
+
 def astype(x, dtype):
-    """``x.astype(dtype)``."""
-    return OPS["astype"](x, dtype=np.dtype(dtype))
+    """``x.astype(dtype)``; the dtype must be bool or numeric, as every DistTensor's is."""
+    dtype = np.dtype(dtype)
+    if dtype.kind not in "biufc":
+        # object items are pointers into one process (meaningless on another rank), and
+        # strings, bytes and dates have no reductions: refused here, before any op runs
+        raise DtypeRefused(
+            f"astype: a DistTensor's dtype must be bool or numeric, got {dtype}; "
+            "for other dtypes convert the gathered value: x.numpy().astype(...)"
+        )
+    return OPS["astype"](x, dtype=dtype)
 
 
 def _public(name: str):

@@ -37,6 +37,7 @@ from . import mutation
 from . import reduction as red
 from . import shape as sh
 from .elementwise import OPS as EW
+from .elementwise import DtypeRefused
 from .elementwise import astype as _astype
 from .elementwise import clip as _clip
 from .ndarray import (
@@ -533,7 +534,7 @@ def array_function(func, args, kwargs):
         except Unsupported as e:  # numpy arguments we do not take (dtype=, order=, ...)
             return fallback(_display(func), func, args, kwargs, _not_taken(e))
         except TypeError as e:
-            if entry.writes:
+            if entry.writes or isinstance(e, DtypeRefused):
                 raise
             return fallback(_display(func), func, args, kwargs, _not_taken(e))
     return fallback(_display(func), func, args, kwargs)

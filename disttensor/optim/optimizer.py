@@ -24,7 +24,9 @@ from typing import Any
 
 import numpy as np
 
+from .. import comm
 from ..autograd import finish_grads, no_grad, note_mutation
+from ..comm import agree
 from ..tensor import DistTensor, reshard, shard_tensor
 
 LR = float | Callable[[int], float]
@@ -100,8 +102,12 @@ class Optimizer:
         return local if local.dtype == p.dtype else local.astype(p.dtype)
 
     def step(self) -> None:
-        """One update of every parameter that has a gradient."""
+        """One update of every parameter that has a gradient. The ranks of each parameter
+        mesh first agree on which parameters have one (a backward on some ranks only would
+        otherwise update some shards and not others: ``RanksDiverged`` on every rank)."""
         finish_grads(self.params)  # reductions still in flight (Note [Gradient finishers])
+        if agree.CHECK:
+            self._agree_on_gradients()
         self.step_count += 1
         lr = self.lr
         with no_grad():
@@ -111,6 +117,18 @@ class Optimizer:
                 g = self.grad_of(p)
                 self.update(p, p.to_local(), g, lr)
                 note_mutation(p.to_local())  # a backward through the old value now refuses
+
+    def _agree_on_gradients(self) -> None:
+        """Note [Replicas agree] in tensor.py: per mesh, which of its parameters have a
+        gradient, checked once (16 bytes, CommCounter.checks) before any update."""
+        rank = comm.get_rank()
+        meshes: dict = {}
+        for i, p in enumerate(self.params):
+            meshes.setdefault(p.mesh, []).append(i)
+        for mesh, idx in meshes.items():
+            if mesh.size > 1 and rank in mesh:
+                has = "".join("1" if self.params[i].grad is not None else "0" for i in idx)
+                comm.group(tuple(mesh.process_ids)).agree("optimizer step", (f"gradients {has}",))
 
     def update(self, p: DistTensor, w: np.ndarray, g: np.ndarray, lr: float) -> None:
         """Update the local shard ``w`` in place from the local gradient ``g``."""

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from .. import comm
+from ..comm.agree import doing
 from ..placement import Replicate
 from ..spec import DistSpec
 
@@ -91,6 +92,16 @@ def bucket_key(spec: DistSpec, dims: tuple[int, ...]) -> tuple | None:
     if len(types) != 1:
         return None
     return over, spec.dtype.str, types.pop()
+
+
+def _label(mesh, b: Bucket) -> str:
+    """``DataParallel bucket of 3 gradients, float64, sum over dp``."""
+    over = ",".join(mesh.dim_names[m] for m in b.key[0])
+    n = len(b.members)
+    return (
+        f"DataParallel bucket of {n} gradient{'s' * (n != 1)}, {np.dtype(b.key[1]).name}, "
+        f"{b.key[2]} over {over}"
+    )
 
 
 def reduced_spec(spec: DistSpec, over: tuple[int, ...]) -> DistSpec:
@@ -233,10 +244,11 @@ class Reducer:
         for m, here in zip(b.members, b.present):
             m.view[...] = m.param.grad._local if here else 0
         b.launched = True
-        if blocking:
-            b.group.allreduce(buf, buf, b.key[2])
-        else:
-            b.work = b.group.iallreduce(buf, buf, b.key[2])
+        with doing(_label, self.mesh, b):  # names the reduction (diverged ranks, dt.explain)
+            if blocking:
+                b.group.allreduce(buf, buf, b.key[2])
+            else:
+                b.work = b.group.iallreduce(buf, buf, b.key[2])
 
     def finish(self, scale: float) -> set[int]:
         """Wait for every launched bucket, multiply by ``scale`` (gradient merge's mean),

@@ -230,10 +230,25 @@ def _matmul_letters(sx, sy, trans_x: bool, trans_y: bool) -> tuple[list[str], st
 def matmul_rule(specs, mesh_shape, trans_x=False, trans_y=False, **_):
     if len(specs) != 2:
         raise ValueError("matmul: takes two operands")
+    _check_core(specs[0], specs[1], trans_x, trans_y)
     subs, out, broadcast = _matmul_letters(specs[0], specs[1], trans_x, trans_y)
     return einsum_result(
         subs, out, specs, mesh_shape, unshardable=frozenset(broadcast), linearity="multilinear"
     )
+
+
+def _check_core(sx, sy, trans_x: bool, trans_y: bool) -> None:
+    """numpy's error for contracted lengths that differ (before the einsum core's own)."""
+    if 0 in (sx.ndim, sy.ndim):
+        return  # _matmul_letters says so
+    kx = sx.shape[-2] if trans_x and sx.ndim >= 2 else sx.shape[-1]
+    ky = sy.shape[0] if sy.ndim == 1 else sy.shape[-1] if trans_y else sy.shape[-2]
+    if kx != ky:
+        raise ValueError(
+            "matmul: Input operand 1 has a mismatch in its core dimension 0, with gufunc "
+            f"signature (n?,k),(k,m?)->(n?,m?) (size {ky} is different from {kx}); shapes "
+            f"{sx.shape} and {sy.shape}"
+        )
 
 
 # Note [Bias of a linear]
