@@ -188,7 +188,14 @@ def test_registered_ops():
                 "matmul", [TensorSpec((4, 3), [R]), TensorSpec((4, 3), [R])], (2,)
             ),
             ValueError,
-            "axis 'k' has length 3 in one operand and 4",
+            r"matmul: .*core dimension 0.* \(size 4 is different from 3\); shapes \(4, 3\)",
+        ),
+        (
+            lambda: infer_forward(
+                "einsum", [TensorSpec((4, 3), [R]), TensorSpec((4, 3), [R])], (2,), equation="ij,jk"
+            ),
+            ValueError,
+            "axis 'j' has length 3 in one operand and 4",
         ),
         (
             lambda: infer_forward("add", [TensorSpec((4, 3), [R]), TensorSpec((3, 4), [R])], (2,)),
