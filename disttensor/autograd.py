@@ -368,7 +368,7 @@ def backward(tensor: Any, grad: Any = None, retain_graph: bool = False) -> None:
     state.enabled = False  # what ``with no_grad()`` does, without its object
     state.callbacks = []
     try:
-        with doing("backward"):  # named if the ranks diverge
+        with _BACKWARD:  # named if the ranks diverge
             _run(tensor, grad, retain_graph)
         callbacks = state.callbacks
         state.callbacks = None
@@ -377,6 +377,9 @@ def backward(tensor: Any, grad: Any = None, retain_graph: bool = False) -> None:
     finally:
         state.callbacks = None
         state.enabled = enabled
+
+
+_BACKWARD = doing("backward")  # made once: entering it only pushes its fixed item
 
 
 def queue_callback(fn: Callable[[], None]) -> None:
@@ -457,9 +460,14 @@ def _run(root, grad, retain_graph: bool) -> None:
             pending[key] = pending.get(key, 0) + 1
     if _last_mutation[0] < oldest:  # something was written since the oldest node was recorded
         _check_saved(seen)
-    # node -> its outputs' gradients so far (a list, None where none arrived yet)
-    grads: dict[Any, list] = {first: [None] * len(first.out_specs)}
-    grads[first][root._node[1]] = grad
+    # node -> its output's gradient so far; for a multi-output node a list, None where none
+    # arrived yet (most nodes have one output: no list to make and index)
+    grads: dict[Any, Any] = {}
+    if first.multi:
+        grads[first] = [None] * len(first.out_specs)
+        grads[first][root._node[1]] = grad
+    else:
+        grads[first] = grad
     leaf_grads: dict[int, Any] = {}
     ready = [(first.seq, first)]  # Note [Cheap nodes]: newest first
     memo = _memo
@@ -474,17 +482,17 @@ def _run(root, grad, retain_graph: bool) -> None:
             if outs is None:  # no gradient reached this node
                 in_grads: Sequence[Any] = (None,) * len(inputs)
             else:
-                if node.hooks:
-                    for i, g in enumerate(outs):
-                        if g is not None and i in node.hooks:
-                            outs[i] = _call_hooks(node.hooks[i], g)
                 if node.multi:
+                    if node.hooks:
+                        for i, g in enumerate(outs):
+                            if g is not None and i in node.hooks:
+                                outs[i] = _call_hooks(node.hooks[i], g)
                     outs = tuple(
                         g if g is not None else _filled(spec, 0)
                         for g, spec in zip(outs, node.out_specs)
                     )
-                else:
-                    outs = outs[0]
+                elif node.hooks and 0 in node.hooks:
+                    outs = _call_hooks(node.hooks[0], outs)
                 if table:
                     table.clear()
                 memo.table = table  # only while the gradient function runs (not for hooks)
@@ -527,9 +535,12 @@ def _run(root, grad, retain_graph: bool) -> None:
                     parent, i = tn
                     if g is not None:
                         acc = grads.get(parent)
-                        if acc is None:
-                            acc = grads[parent] = [None] * len(parent.out_specs)
-                        acc[i] = g if acc[i] is None else acc[i] + g
+                        if not parent.multi:
+                            grads[parent] = g if acc is None else acc + g
+                        else:
+                            if acc is None:
+                                acc = grads[parent] = [None] * len(parent.out_specs)
+                            acc[i] = g if acc[i] is None else acc[i] + g
                     left = pending[parent] - 1
                     if left:
                         pending[parent] = left
