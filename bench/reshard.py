@@ -4,6 +4,7 @@ Run::
 
     OMP_NUM_THREADS=1 mpiexec -n 2 python bench/reshard.py
     OMP_NUM_THREADS=1 mpiexec -n 4 python bench/reshard.py --quick   # smoke run, < 20 s
+    OMP_NUM_THREADS=1 mpiexec -n 2 python bench/reshard.py --plot reshard.png   # also a figure
 
 On a 1-D mesh of all ranks, for float32 tensors of shape (rows, 256) with the given global
 sizes, it times four reshards against the raw mpi4py call on the same buffers:
@@ -23,7 +24,8 @@ hand-written equivalent of the reshard, shown for S0->S1 only.
 Times are medians of per-call max-over-ranks times, each call after a barrier, with dt, raw
 and raw-pre interleaved in rotating order (see _timing.py). ratio = raw time / dt time, i.e.
 dt throughput relative to raw (1.0 = as fast, the goal is >= 0.95 at 4 MiB and above).
-GB/s = global tensor bytes / time.
+GB/s = global tensor bytes / time. ``--plot FILE.png`` also draws GB/s against size, one panel
+per op, dt next to raw (and raw+pack), with matplotlib (imported only then).
 """
 
 from __future__ import annotations
@@ -191,6 +193,42 @@ def rows_for(nbytes: int, n: int) -> int:
     return max(n, round(nbytes / per_row / n) * n)
 
 
+def plot(path: str, points: dict[str, dict[str, list[tuple[int, float]]]], title: str) -> None:
+    """Draw GB/s against global size, one panel per op, a line per variant, into ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display needed
+    import matplotlib.pyplot as plt
+
+    ops = list(points)
+    cols = 2 if len(ops) > 1 else 1
+    rows = (len(ops) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.4 * rows), squeeze=False)
+    style = {"dt": ("C0", "-", "o"), "raw": ("C1", "--", "s"), "raw+pack": ("C2", ":", "^")}
+    for ax, op in zip(axes.flat, ops):
+        for variant, xy in points[op].items():
+            color, line, marker = style[variant]
+            sizes, rates = zip(*xy)
+            ax.plot(sizes, rates, line, color=color, marker=marker,
+                    label="dt.reshard" if variant == "dt" else f"{variant} mpi4py")  # fmt: skip
+        ax.set_xscale("log", base=2)
+        ticks = sorted({s for xy in points[op].values() for s, _ in xy})
+        ax.set_xticks(ticks, [human(s) for s in ticks])
+        ax.minorticks_off()
+        ax.set_title(op)
+        ax.set_xlabel("global size")
+        ax.set_ylabel("GB/s")
+        ax.set_ylim(bottom=0)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize="small")
+    for ax in list(axes.flat)[len(ops) :]:
+        ax.set_visible(False)
+    fig.suptitle(title, fontsize="medium")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default=None, help=f"global sizes, comma-separated ({DEFAULT_SIZES})")
@@ -215,7 +253,18 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help=f"smoke run: sizes {QUICK_SIZES}, 10 repeats, 2 warm-ups (< 20 s)",
     )
+    p.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        default=None,
+        help="also draw GB/s against size per op, dt next to raw, into FILE.png (matplotlib)",
+    )
     args = p.parse_args(argv)
+    if args.plot is not None:
+        try:
+            import matplotlib  # noqa: F401  (checked before the run, drawn after it)
+        except ImportError:
+            p.error("--plot needs matplotlib: pip install matplotlib (or disttensor[viz])")
     if args.quick:
         args.sizes = args.sizes or QUICK_SIZES
         args.repeats = args.repeats or 10
@@ -238,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     table: list[list[str]] = []
     misses: list[str] = []
     goal_rows = 0
+    points: dict[str, dict[str, list[tuple[int, float]]]] = {op: {} for op in ops}
     for nbytes in sizes:
         rows = rows_for(nbytes, n)
         real = rows * COLS * np.dtype(DTYPE).itemsize
@@ -251,6 +301,9 @@ def main(argv: list[str] | None = None) -> int:
             t = {k: v.median for k, v in st.items()}
             ratio = t["raw"] / t["dt"]
             pack = t.get("raw+pack")
+            for variant in ("dt", "raw", "raw+pack"):
+                if variant in t:
+                    points[op].setdefault(variant, []).append((real, real / t[variant] / 1e9))
             table.append([
                 human(real), op,
                 f"{t['dt'] * 1e3:.3f}", f"{t['raw'] * 1e3:.3f}", f"{ratio:.2f}",
@@ -283,6 +336,13 @@ def main(argv: list[str] | None = None) -> int:
             verdict = f"NOT met for {', '.join(misses)}" if misses else "met"
             print(f"\ngoal ratio >= {GOAL_RATIO} at >= {human(GOAL_FROM)}: {verdict}")
         print(load_line(start, load_before))
+        if args.plot is not None:
+            title = (
+                f"dt.reshard vs raw mpi4py, {n} ranks, float32 (rows, {COLS}); "
+                f"{' '.join(mpi_library().split())}, {os.cpu_count()} cores"
+            )
+            plot(args.plot, points, title)
+            print(f"plot: {args.plot}")
     return 0
 
 
