@@ -43,7 +43,10 @@ class GPT(dt.nn.Module):
         self.head = dt.nn.Linear(DIM, VOCAB, bias=False, dtype=dtype)
 
     def forward(self, ids):
-        x = self.tok(ids) + self.pos(np.arange(ids.shape[1]))
+        # positions made where ids live (on a GPU too: host arrays do not mix with device
+        # tensors), replicated: every rank computes them, nothing moves
+        where = {"mesh": ids.mesh, "placements": [dt.Replicate()] * ids.mesh.ndim}
+        x = self.tok(ids) + self.pos(dt.arange(ids.shape[1], **where))
         for block in self.blocks:
             x = block(x)
         return self.head(self.ln_f(x))  # (batch, seq, vocab) logits

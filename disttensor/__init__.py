@@ -6,6 +6,7 @@ work.
 
 from . import nn, optim, spmd
 from .autograd import enable_grad, is_grad_enabled, no_grad
+from .backend import get_device, set_device
 from .checkpoint import load, save
 from .comm import RankAborted, barrier, get_rank, get_world_size, simulate
 from .comm.agree import RanksDiverged
@@ -65,6 +66,7 @@ __all__ = [
     "fallback_report",
     "full",
     "full_like",
+    "get_device",
     "get_logger",
     "get_rank",
     "get_world_size",
@@ -82,6 +84,7 @@ __all__ = [
     "randn",
     "reshard",
     "save",
+    "set_device",
     "shard_layer",
     "shard_tensor",
     "simulate",

@@ -35,7 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from . import comm
+from . import backend, comm
+from .backend import DEVICE_ARRAYS
 from .comm.agree import doing
 
 
@@ -106,8 +107,8 @@ _mutations: dict[int, tuple[Any, int]] = {}
 _last_mutation = [1]  # the smallest (latest) write number; 1: no write yet (seqs are <= 0)
 
 
-def _root(a: np.ndarray) -> np.ndarray:
-    while isinstance(a.base, np.ndarray):
+def _root(a: Any) -> Any:
+    while isinstance(a.base, np.ndarray) or type(a.base) in DEVICE_ARRAYS:
         a = a.base
     return a
 
@@ -127,7 +128,7 @@ def note_mutation(local: np.ndarray) -> None:
 
 def _written_after(a: Any, seq: int) -> bool:
     """Whether the array ``a`` (or memory it views) was written after record number ``seq``."""
-    if not isinstance(a, np.ndarray):
+    if not isinstance(a, np.ndarray) and type(a) not in DEVICE_ARRAYS:
         return False
     root = _root(a)
     hit = _mutations.get(id(root))
@@ -350,7 +351,8 @@ def backward(tensor: Any, grad: Any = None, retain_graph: bool = False) -> None:
         # the seed: ones where the tensor has its shard (its local shape is the one of its
         # spec with Partials read as Replicate, also off the mesh)
         shape = tensor._local.shape
-        one = np.array(1, spec.dtype) if not shape else np.ones(shape, spec.dtype)
+        xp = np if type(tensor._local) is np.ndarray else backend.xp(tensor._local)
+        one = xp.array(1, spec.dtype) if not shape else xp.ones(shape, spec.dtype)
         grad = _tensor_type()(one, spec.without_partials())
     else:
         if not isinstance(grad, _tensor_type()):
@@ -358,7 +360,9 @@ def backward(tensor: Any, grad: Any = None, retain_graph: bool = False) -> None:
             from .tensor import shard_tensor
 
             rep = [Replicate()] * tensor.mesh.ndim
-            grad = shard_tensor(np.asarray(grad, tensor.dtype), tensor.mesh, rep)
+            if not backend.is_device(grad):
+                grad = np.asarray(grad, tensor.dtype)
+            grad = shard_tensor(grad, tensor.mesh, rep, dtype=tensor.dtype)
         if grad.shape != spec.shape:
             raise ValueError(
                 f"backward: grad has shape {grad.shape} but the tensor has shape {spec.shape}"
@@ -487,8 +491,9 @@ def _run(root, grad, retain_graph: bool) -> None:
                         for i, g in enumerate(outs):
                             if g is not None and i in node.hooks:
                                 outs[i] = _call_hooks(node.hooks[i], g)
+                    like = next((g._local for g in outs if g is not None), None)  # its backend
                     outs = tuple(
-                        g if g is not None else _filled(spec, 0)
+                        g if g is not None else _filled(spec, 0, like)
                         for g, spec in zip(outs, node.out_specs)
                     )
                 elif node.hooks and 0 in node.hooks:
@@ -579,14 +584,16 @@ def _checked(g, t, node):
     return g
 
 
-def _filled(spec, value):
-    """A tensor of ``spec``'s shape and dtype filled with ``value`` (Partials as Replicate);
-    only the local shard is made, as ``dt.full`` would."""
+def _filled(spec, value, like: Any = None):
+    """A tensor of ``spec``'s shape and dtype filled with ``value`` (Partials as Replicate),
+    on the backend of array ``like`` (numpy without one); only the local shard is made, as
+    ``dt.full`` would."""
     plain = spec.without_partials()
     coord = plain.mesh.get_coord(comm.get_rank())
+    xp = np if like is None or type(like) is np.ndarray else backend.xp(like)
     if coord is None:
-        return _tensor_type()(np.empty(plain.local_shape(None), plain.dtype), plain)
-    return _tensor_type()(np.full(plain.local_shape(coord), value, plain.dtype), plain)
+        return _tensor_type()(xp.empty(plain.local_shape(None), plain.dtype), plain)
+    return _tensor_type()(xp.full(plain.local_shape(coord), value, plain.dtype), plain)
 
 
 class _LeafHooks:

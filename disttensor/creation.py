@@ -4,6 +4,10 @@
 tensor is a function of (seed, i) alone, so every mesh and placement gives bit-identical global
 values, equal to what one process draws, without the global tensor ever existing.
 
+Tensors are made on the selected device (``dt.set_device``; Note [Array backends] in
+backend.py): zeros, ones, empty and full by the device's own array module, the others
+(arange, the random streams) on the host and copied (Note [Random streams on a device]).
+
 >>> import disttensor as dt
 >>> mesh = dt.ProcessMesh([0])
 >>> dt.arange(4, mesh=mesh, placements=[dt.Shard(0)]).to_local()
@@ -22,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _philox, comm
+from . import _philox, backend, comm
 from .comm import agree
 from .mesh import ProcessMesh
 from .placement import Placement, Replicate
@@ -50,8 +54,10 @@ def _spec(
 def _factory(fill):
     def make(shape, dtype=None, *, mesh=None, placements=None, requires_grad=False):
         spec = _spec(shape, np.float64 if dtype is None else dtype, mesh, placements, fill.__name__)
+        be = backend.current()
+        f = fill if not be.device else getattr(be.xp, fill.__name__)  # made on the device
         return from_spec_block(
-            lambda sl: fill(tuple(s.stop - s.start for s in sl), spec.dtype), spec, requires_grad
+            lambda sl: f(tuple(s.stop - s.start for s in sl), spec.dtype), spec, requires_grad, be
         )
 
     make.__name__ = fill.__name__
@@ -76,10 +82,12 @@ def full(
     """The global tensor of ``np.full(shape, fill_value, dtype)``, local shard only."""
     dtype = np.asarray(fill_value).dtype if dtype is None else dtype
     spec = _spec(shape, dtype, mesh, placements, "full")
+    be = backend.current()
     return from_spec_block(
-        lambda sl: np.full(tuple(s.stop - s.start for s in sl), fill_value, spec.dtype),
+        lambda sl: be.xp.full(tuple(s.stop - s.start for s in sl), fill_value, spec.dtype),
         spec,
         requires_grad,
+        be,
     )
 
 
@@ -117,6 +125,13 @@ def arange(
 
 
 # -- random ------------------------------------------------------------------------------------
+# Note [Random streams on a device]
+# The random streams are global-view: element i of a tensor is f(seed, stream, i)
+# (_philox.py), so every mesh and placement draws the same bits. On a device the shard is
+# drawn on the host with the same Philox code and copied (one host-to-device copy of the
+# shard, which costs less than drawing it on the host): the device's values are then
+# bit-identical to the CPU's and to every other mesh's, with no second implementation of
+# the counter layout (its contract) to keep in step.
 _rng = threading.local()  # per thread, so simulated ranks each keep their own (equal) stream
 
 
@@ -199,8 +214,10 @@ def _like(name: str, fill):
         if not isinstance(a, DistTensor):
             return getattr(np, name)(a, dtype, order, subok, shape, device=device)
         spec = _like_spec(a, dtype, shape, device, name)
+        be = backend.of(a.to_local())  # like a: on its device
+        f = fill if not be.device else getattr(be.xp, fill.__name__)
         return from_spec_block(
-            lambda sl: fill(tuple(s.stop - s.start for s in sl), spec.dtype), spec, requires_grad
+            lambda sl: f(tuple(s.stop - s.start for s in sl), spec.dtype), spec, requires_grad, be
         )
 
     make.__name__ = make.__qualname__ = name
@@ -252,12 +269,17 @@ def full_like(
     spec = _like_spec(a, dtype, shape, device, "full_like")
     if isinstance(fill_value, DistTensor):
         fill_value = fill_value.numpy()  # collective over its mesh
+    be = backend.of(a.to_local())  # like a: on its device
+    if be.device and backend.is_device(fill_value):
+        fill_value = backend.to_host(fill_value)  # the value is the global one: host-sized
     value = np.asarray(fill_value)
     if value.ndim:  # an array broadcast to the shape (numpy's error when it does not fit)
         value = np.broadcast_to(value, spec.shape)
-        return from_spec_block(lambda sl: value[sl], spec, requires_grad)
+        return from_spec_block(lambda sl: value[sl], spec, requires_grad, be)
+    fill = value if not be.device else value[()]  # a device takes a scalar, not a host array
     return from_spec_block(
-        lambda sl: np.full(tuple(s.stop - s.start for s in sl), value, spec.dtype),
+        lambda sl: be.xp.full(tuple(s.stop - s.start for s in sl), fill, spec.dtype),
         spec,
         requires_grad,
+        be,
     )

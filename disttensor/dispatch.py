@@ -6,7 +6,8 @@
 2. rule: the op's SPMD rule, or the replicate fallback (counted, logged once per op);
    decisions are cached on (op, input specs, argument layout, attributes);
 3. reshard the inputs that are not already as the rule needs;
-4. run the local kernel on the shards (ranks outside the mesh skip it);
+4. run the local kernel on the shards (ranks outside the mesh skip it): the op's numpy kernel
+   on host shards, its device kernel on device shards (Note [Array backends] in backend.py);
 5. wrap the outputs.
 """
 
@@ -19,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from . import autograd, comm
+from . import autograd, backend, comm
 from . import reshard as _reshard
 from .accounting import NO_RULE, note_outside_rules, outside_rules
 from .autograd import GRADIENTS as _GRADIENTS
@@ -72,6 +73,11 @@ class Op:
     rule: str | None = None
     ctx: bool = False  # kernel takes ctx=KernelContext
     moves_only: bool = False  # only moves elements, so every Partial passes through exactly
+    # the kernel on device shards (Note [Array backends] in backend.py): the name of a
+    # function of the array module (``xp.add``), ``factory(backend) -> kernel``, or True when
+    # ``kernel`` itself works on any array; None: no device kernel yet, so device data
+    # raises NotImplementedError naming the op
+    device: Any = None
 
     def __call__(self, *args: Any, **attrs: Any) -> Any:  # replaced by _call below
         return apply(self, args, attrs)
@@ -123,6 +129,34 @@ _cache: dict[tuple, Any] = {}
 _CACHE_LIMIT = 65536
 _NO_ATTRS = ()
 _SCALARS = frozenset({int, float, bool, complex})  # Python scalars: the plan ignores the value
+_ND = np.ndarray
+_DEVICE = backend.DEVICE_ARRAYS  # mutated in place when a device backend registers
+_ARRAYS = backend.ARRAYS
+_DEVICE_KERNELS: dict[tuple, Callable[..., Any]] = {}
+
+
+def device_kernel(op: Op, t: type) -> Callable[..., Any]:
+    """``op``'s kernel for device arrays of type ``t``, made once per (op, type); raises
+    NotImplementedError naming the op when it has none (Note [Array backends])."""
+    k = _DEVICE_KERNELS.get((op, t))
+    if k is None:
+        be = backend.of_type(t)
+        if op.device is None:
+            raise backend.unsupported(f"{op.name!r}", be)
+        if op.device is True:  # written with array methods and operators only
+            k = op.kernel
+        else:
+            k = getattr(be.xp, op.device) if isinstance(op.device, str) else op.device(be)
+        _DEVICE_KERNELS[(op, t)] = k
+    return k
+
+
+def _as_array(result: Any, t: type) -> Any:
+    """A kernel's result that is not an array of the shards' type ``t`` (numpy scalars of
+    0-d reductions) as one: numpy's on the host, the device's otherwise."""
+    if t not in _DEVICE:
+        return np.asarray(result)
+    return backend.of_type(t).asarray(result)
 
 
 def apply(op: Op, args: tuple, attrs: dict) -> Any:
@@ -133,18 +167,23 @@ def apply(op: Op, args: tuple, attrs: dict) -> Any:
 def _call(op: Op, *args: Any, **attrs: Any) -> Any:
     """``Op.__call__``: the fast path (Note [Dispatch fast path]), else ``_general``."""
     # the identity key and the kernel's arguments, one and two DistTensors spelled out (most
-    # calls); ``grad``: whether a DistTensor argument requires a gradient
+    # calls); ``grad``: whether a DistTensor argument requires a gradient; ``first``: the
+    # first DistTensor's shard, whose type picks the kernel (Note [Array backends]: numpy's,
+    # or a device's). Once a device backend exists (``_DEVICE``), shards of different types
+    # take the general path, which refuses them.
     key: Any = tuple(attrs.items()) if attrs else _NO_ATTRS
     n = len(args)
     if n == 2 and isinstance(x := args[0], DistTensor) and isinstance(y := args[1], DistTensor):
         key = (op, key, id(x._spec), id(y._spec))
-        kargs = [x._local, y._local]
+        kargs = [first := x._local, yl := y._local]
+        if _DEVICE and type(yl) is not type(first):
+            key = None
         gx, gy = x.requires_grad, y.requires_grad
         grad = gx or gy
         inputs = args if gx and gy else None  # None: worked out when recording
     elif n == 1 and isinstance(x := args[0], DistTensor):
         key = (op, key, id(x._spec))
-        kargs = [x._local]
+        kargs = [first := x._local]
         grad = x.requires_grad
         inputs = args
     elif (
@@ -154,22 +193,24 @@ def _call(op: Op, *args: Any, **attrs: Any) -> Any:
         and isinstance(z := args[2], DistTensor)
     ):  # linear, where, layer_norm: the key _mixed_key makes, spelled out
         key = (op, key, id(x._spec), id(y._spec), id(z._spec))
-        kargs = [x._local, y._local, z._local]
+        kargs = [first := x._local, yl := y._local, zl := z._local]
+        if _DEVICE and not type(first) is type(yl) is type(zl):
+            key = None
         gx, gy, gz = x.requires_grad, y.requires_grad, z.requires_grad
         grad = gx or gy or gz
         inputs = (x if gx else None, y if gy else None, z if gz else None)
     elif n == 2 and type(y := args[1]) in _SCALARS and isinstance(x := args[0], DistTensor):
         key = (op, key, id(x._spec), None)  # the key _mixed_key makes, spelled out: x * 2
-        kargs = [x._local, y]
+        kargs = [first := x._local, y]
         grad = x.requires_grad
         inputs = None
     elif n == 2 and type(x := args[0]) in _SCALARS and isinstance(y := args[1], DistTensor):
         key = (op, key, None, id(y._spec))  # 1 - x
-        kargs = [x, y._local]
+        kargs = [x, first := y._local]
         grad = y.requires_grad
         inputs = None
     else:
-        key, kargs, grad = _mixed_key(op, key, args)
+        key, kargs, grad, first = _mixed_key(op, key, args)
         inputs = None
     try:
         entry = _cache.get(key) if key is not None else None
@@ -178,12 +219,16 @@ def _call(op: Op, *args: Any, **attrs: Any) -> Any:
     if entry is not None:
         last = entry.last  # set only where the plan moves nothing and has one output
         if last is not None and last[0] is _comm_ctx.world:
-            if last[2] is None:
-                result = op.kernel(*kargs, **attrs)
+            if not _DEVICE or (t := type(first)) not in _DEVICE:
+                t, kernel = _ND, op.kernel
             else:
-                result = op.kernel(*kargs, ctx=last[2], **attrs)
-            if type(result) is not np.ndarray:
-                result = np.asarray(result)
+                kernel = device_kernel(op, t)
+            if last[2] is None:
+                result = kernel(*kargs, **attrs)
+            else:
+                result = kernel(*kargs, ctx=last[2], **attrs)
+            if type(result) is not t:
+                result = np.asarray(result) if t is _ND else _as_array(result, t)
             if result.dtype is last[3] and result.shape == last[5]:
                 out = DistTensor(result, last[4])
                 if grad and last[6] and autograd._state.enabled:
@@ -194,7 +239,7 @@ def _call(op: Op, *args: Any, **attrs: Any) -> Any:
             # another dtype (int x + 1 vs x + 1.5) or a wrong rule: the general wrap
             tensors = [args[i] for i in entry.pos]
             return _finish(op, args, attrs, entry, entry.plan, last[4].mesh, last[1], kargs, result,
-                           tensors, entry.pos)  # fmt: skip
+                           tensors, entry.pos, t)  # fmt: skip
     if _explain.active:  # dt.explain records this thread's calls (Note [Explain hooks])
         return _explain.on_op(_general, op, args, attrs, key, entry)
     return _general(op, args, attrs, key, entry)
@@ -204,22 +249,28 @@ Op.__call__ = _call  # type: ignore[method-assign]  # one frame less per op
 
 
 def _mixed_key(op: Op, attrs_key: tuple, args: tuple) -> tuple:
-    """(identity key, kernel arguments, whether a gradient is needed) of a call with other
-    arguments than one or two DistTensors; the key is None when an argument is an array (it
-    gets a spec of its own each call: the general path)."""
+    """(identity key, kernel arguments, whether a gradient is needed, the first DistTensor's
+    shard) of a call with other arguments than one or two DistTensors; the key is None when
+    an argument is an array (it gets a spec of its own each call: the general path) or the
+    shards' array types differ."""
     key: list[Any] = [op, attrs_key]
     kargs = list(args)
     grad = False
+    first = None
     for i, a in enumerate(args):
         if isinstance(a, DistTensor):
             key.append(id(a._spec))
             kargs[i] = a._local
             grad = grad or a.requires_grad
-        elif isinstance(a, np.ndarray):
-            return None, None, False
+            if first is None:
+                first = a._local
+            elif type(a._local) is not type(first):
+                return None, None, False, None
+        elif isinstance(a, np.ndarray) or type(a) in _ARRAYS:
+            return None, None, False, None
         else:
             key.append(None)
-    return tuple(key), kargs, grad
+    return tuple(key), kargs, grad, first
 
 
 def _inputs(args: tuple, pos: tuple) -> tuple:
@@ -243,10 +294,12 @@ def _general(op: Op, args: tuple, attrs: dict, idkey: Any, entry: _Entry | None)
         plan, pos = entry.plan, list(entry.pos)
         tensors = [args[i] for i in pos]
         mesh = entry.specs[0].mesh
+        t = type(tensors[0]._local)  # one type: the identity key was made (_mixed_key)
     else:
-        plan, mesh, pos, tensors = _normalize_and_decide(op, args, attrs, idkey)
-        if plan is None:  # no DistTensor: plain numpy
-            return op.kernel(*args, ctx=None, **attrs) if op.ctx else op.kernel(*args, **attrs)
+        plan, mesh, pos, tensors, t = _normalize_and_decide(op, args, attrs, idkey)
+        if plan is None:  # no DistTensor: plain arrays
+            kernel = op.kernel if t not in _DEVICE else device_kernel(op, t)
+            return kernel(*args, ctx=None, **attrs) if op.ctx else kernel(*args, **attrs)
         if idkey is not None:
             if len(_cache) >= _CACHE_LIMIT:
                 _cache.clear()
@@ -254,12 +307,17 @@ def _general(op: Op, args: tuple, attrs: dict, idkey: Any, entry: _Entry | None)
                 tuple(t._spec for t in tensors), plan, tuple(pos), len(args)
             )
     targets, out_placements, out_shapes, moves, _ = plan
+    # every rank (its shards are of one backend) knows here whether the op runs on them
+    if t not in _DEVICE:
+        t, kernel = _ND, op.kernel
+    else:
+        kernel = device_kernel(op, t)
     # 3. reshard (the plan knows which inputs move)
     coord = mesh.get_coord(comm.get_rank())
     kargs = list(args)
     if moves is None:
-        for i, t in zip(pos, tensors):
-            kargs[i] = t._local
+        for i, a in zip(pos, tensors):
+            kargs[i] = a._local
     elif out_shapes is None:  # the replicate fallback: Note [Communication outside rules]
         with outside_rules(op.name, NO_RULE), doing(_label, op.name, tensors):
             _move(pos, tensors, moves, kargs)
@@ -272,12 +330,12 @@ def _general(op: Op, args: tuple, attrs: dict, idkey: Any, entry: _Entry | None)
     if coord is None:
         result = _probe(op, kargs, pos, attrs, targets, out_placements)
     elif op.ctx:
-        result = op.kernel(
+        result = kernel(
             *kargs, ctx=KernelContext(targets, out_placements, coord, out_shapes), **attrs
         )
     else:
-        result = op.kernel(*kargs, **attrs)
-    return _finish(op, args, attrs, entry, plan, mesh, coord, kargs, result, tensors, pos)
+        result = kernel(*kargs, **attrs)
+    return _finish(op, args, attrs, entry, plan, mesh, coord, kargs, result, tensors, pos, t)
 
 
 def _label(name: str, tensors: list) -> str:
@@ -310,12 +368,14 @@ def _move(pos, tensors, moves, kargs) -> None:
 
 
 def _normalize_and_decide(op: Op, args: tuple, attrs: dict, idkey: Any):
-    """Steps 1 and 2 of the general path: (plan, mesh, tensor positions, tensors), with
-    arrays as Replicate DistTensors; plan None when no argument is a DistTensor."""
+    """Steps 1 and 2 of the general path: (plan, mesh, tensor positions, tensors, the shards'
+    array type), with arrays as Replicate DistTensors; plan None when no argument is a
+    DistTensor. Host and device data in one call raise here (Note [Array backends])."""
     mesh = None
     pos: list[int] = []
     tensors: list[Any] = []
     arrays = False
+    t: Any = None
     for i, a in enumerate(args):
         if isinstance(a, DistTensor):
             m = a._spec.mesh
@@ -326,16 +386,23 @@ def _normalize_and_decide(op: Op, args: tuple, attrs: dict, idkey: Any):
                     f"{op.name}: operands live on different meshes ({mesh} and {m}); "
                     "move one with dt.reshard(x, mesh, placements)"
                 )
+            ta = type(a._local)
+            if t is None:
+                t = ta
+            elif ta is not t and (ta in _DEVICE or t in _DEVICE):
+                raise backend.mixed(op.name, backend.of_type(t), backend.of_type(ta))
             pos.append(i)
             tensors.append(a)
-        elif isinstance(a, np.ndarray):
+        elif isinstance(a, np.ndarray) or type(a) in _ARRAYS:
             pos.append(i)
             tensors.append(a)
             arrays = True
-    if mesh is None:
-        return None, None, pos, tensors
+    if mesh is None:  # plain arrays: the first device array's type decides the kernel
+        return None, None, pos, tensors, next((type(a) for a in tensors if type(a) in _DEVICE), _ND)
     if arrays:
-        tensors = [t if isinstance(t, DistTensor) else _replicate(t, mesh) for t in tensors]
+        tensors = [
+            a if isinstance(a, DistTensor) else _replicate(_on(op, a, t), mesh) for a in tensors
+        ]
     specs = tuple([t._spec for t in tensors])
     tpos = tuple(pos)
     try:
@@ -349,13 +416,26 @@ def _normalize_and_decide(op: Op, args: tuple, attrs: dict, idkey: Any):
             if len(_cache) >= _CACHE_LIMIT:  # programs whose shapes keep changing: start over
                 _cache.clear()
             _cache[key] = plan
-    return plan, mesh, pos, tensors
+    return plan, mesh, pos, tensors, t
 
 
-def _finish(op, args, attrs, entry, plan, mesh, coord, kargs, result, tensors, pos):
-    """5. wrap, and record for backward when an input needs a gradient."""
+def _on(op: Op, a: Any, t: type) -> Any:
+    """Array operand ``a`` among shards of type ``t``: as it is when both are host or both of
+    that device; a 0-d host array (a scalar, as numpy's are) moved to the device; anything
+    else refused (Note [Array backends])."""
+    ta = type(a)
+    if ta is t or (ta not in _DEVICE and t not in _DEVICE):
+        return a
+    if ta not in _DEVICE and a.ndim == 0:
+        return backend.of_type(t).asarray(a)
+    raise backend.mixed(op.name, backend.of(a), backend.of_type(t))
+
+
+def _finish(op, args, attrs, entry, plan, mesh, coord, kargs, result, tensors, pos, t):
+    """5. wrap, and record for backward when an input needs a gradient (``t``: the shards'
+    array type)."""
     targets, out_placements, out_shapes, moves, out_specs = plan
-    out = _wrap(op, result, mesh, coord, out_placements, out_shapes, out_specs)
+    out = _wrap(op, result, mesh, coord, out_placements, out_shapes, out_specs, t)
     if entry is not None and entry.simple and coord is not None and type(out) is DistTensor:
         # the fast path may take the next call (Note [Dispatch fast path])
         kctx = KernelContext(targets, out_placements, coord, out_shapes) if op.ctx else None
@@ -372,37 +452,38 @@ def _finish(op, args, attrs, entry, plan, mesh, coord, kargs, result, tensors, p
             (out._spec,),
             _GRADIENTS.get(op.name),  # None: backward refuses (autograd._refuse)
         )
-    for t in tensors:  # the flag first: the thread-local switch only when it matters
-        if t.requires_grad:
+    for a in tensors:  # the flag first: the thread-local switch only when it matters
+        if a.requires_grad:
             if autograd._state.enabled:
-                saved = _saved(args, pos, kargs, moves, targets, coord)
+                saved = _saved(args, pos, kargs, moves, targets, coord, t)
                 inputs = tuple(a if getattr(a, "requires_grad", False) else None for a in args)
                 autograd.record_op(op.name, args, attrs, out, saved, inputs)
             break
     return out
 
 
-def _saved(args, pos, kargs, moves, targets, coord):
+def _saved(args, pos, kargs, moves, targets, coord, t):
     """The arguments for the gradient: inputs that were resharded as the layout they were
     computed in (same global value), so backward does not pay for the same reshard again."""
     if moves is None:
         return args
     saved = list(args)
+    xp = np if t not in _DEVICE else backend.of_type(t).xp
     for i, chain, target in zip(pos, moves, targets):
         if chain:  # the same specs on every rank (a rank outside the mesh holds nothing)
             local = (
-                kargs[i] if coord is not None else np.empty(target.local_shape(None), target.dtype)
+                kargs[i] if coord is not None else xp.empty(target.local_shape(None), target.dtype)
             )
             saved[i] = DistTensor(local, target)
     return tuple(saved)
 
 
-def _wrap(op: Op, result, mesh, coord, out_placements, out_shapes, out_specs):
+def _wrap(op: Op, result, mesh, coord, out_placements, out_shapes, out_specs, t=_ND):
     if out_shapes is None:  # replicate fallback: every rank ran the whole op
         return _wrap_replicated(result, mesh)
     if coord is not None and not isinstance(result, tuple):  # the common case, cached specs
-        if type(result) is not np.ndarray:
-            result = np.asarray(result)
+        if type(result) is not t:
+            result = _as_array(result, t)
         # per (dtype, coordinate): threads of dt.simulate share plans; int x + 1 and x + 1.5 too
         hit = out_specs.get((result.dtype, coord))
         if hit is None:
@@ -414,10 +495,12 @@ def _wrap(op: Op, result, mesh, coord, out_placements, out_shapes, out_specs):
     results = result if isinstance(result, tuple) else (result,)
     outs = []
     for res, pl, shape in zip(results, out_placements, out_shapes):
-        res = np.asarray(res)
+        res = res if type(res) is t else _as_array(res, t)
         spec = DistSpec(mesh, pl, shape, res.dtype)
-        if coord is None:
-            res = np.empty(spec.local_shape(None), res.dtype)
+        if coord is None:  # the probe's stand-in: an empty shard of the inputs' backend
+            res = (np if t not in _DEVICE else backend.of_type(t).xp).empty(
+                spec.local_shape(None), res.dtype
+            )
         elif res.shape != spec.local_shape(coord):
             _wrong_rule(op, res.shape, spec, coord)
         outs.append(DistTensor(res, spec))
@@ -458,6 +541,7 @@ def fallback(
 
     collect(args)
     collect(list(kwargs.values()))
+    backend.host_only(f"{name} (numpy's function on gathered values)", found)
     meshes = {t.mesh for t in found}
     if len(meshes) > 1:
         raise ValueError(f"{name}: operands live on different meshes {sorted(map(repr, meshes))}")
@@ -543,7 +627,7 @@ def _wrap_replicated(result, mesh):
         return tuple(_wrap_replicated(r, mesh) for r in result)
     if isinstance(result, list):
         return [_wrap_replicated(r, mesh) for r in result]
-    if isinstance(result, (np.ndarray, np.generic)):
-        arr = np.asarray(result)
+    if isinstance(result, (np.ndarray, np.generic)) or type(result) in _ARRAYS:
+        arr = result if type(result) in _DEVICE else np.asarray(result)
         return _replicate(arr, mesh)
     return result  # Python objects (shapes, bools) as numpy returned them

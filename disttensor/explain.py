@@ -232,7 +232,7 @@ class Report:
         from .dispatch import _normalize_and_decide
 
         try:  # the decision cache answers (the call itself decides first otherwise)
-            plan, _, pos, tensors = _normalize_and_decide(op, args, attrs, None)
+            plan, _, pos, tensors, _ = _normalize_and_decide(op, args, attrs, None)
         except Exception:  # the call raises the same error itself
             plan = None
         if plan is None:  # no DistTensor, or bad input: not an op on tensors

@@ -166,10 +166,19 @@ class ProcessMesh:
         return self.get_submesh(dim)
 
 
-def init_mesh(shape: int | Sequence[int], dim_names: Sequence[str] | None = None) -> ProcessMesh:
+def init_mesh(
+    shape: int | Sequence[int],
+    dim_names: Sequence[str] | None = None,
+    *,
+    device: str | None = None,
+) -> ProcessMesh:
     """The world's ranks 0..N-1 reshaped to ``shape`` (N must equal the world size).
 
-    >>> init_mesh((1,)).shape  # a one-rank world
+    ``device`` ("cpu", "gpu" or "auto"; default: leave the selection as it is) also selects
+    where this rank's tensors live, as ``dt.set_device`` does (Note [Array backends] in
+    backend.py): with "gpu" each rank uses GPU ``local_rank % gpu_count``.
+
+    >>> init_mesh((1,), device="cpu").shape  # a one-rank world, on the host
     (1,)
     """
     from .comm import get_world_size
@@ -196,4 +205,9 @@ def init_mesh(shape: int | Sequence[int], dim_names: Sequence[str] | None = None
             f"init_mesh({shape}) needs {n} ranks but the world has {world}; "
             f"launch with mpiexec -n {n} or build a ProcessMesh of a subset of ranks"
         )
-    return ProcessMesh(np.arange(n).reshape(shape), dim_names)
+    mesh = ProcessMesh(np.arange(n).reshape(shape), dim_names)
+    if device is not None:
+        from .backend import set_device  # after the checks: a bad shape selects nothing
+
+        set_device(device)
+    return mesh

@@ -31,10 +31,11 @@ import itertools
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 
-from . import comm
+from . import backend, comm
 from .comm.agree import doing
 from .placement import Partial, Placement, Replicate, Shard, commutes
 from .spec import DistSpec, contiguous, split_offset, split_sizes
@@ -144,15 +145,17 @@ def plan(
 
 
 # -- executor --------------------------------------------------------------------------------
-def execute(local: np.ndarray, spec: DistSpec, dst: DistSpec) -> np.ndarray:
-    """This rank's local array of ``dst`` given its local array of ``spec`` (collective)."""
+def execute(local: Any, spec: DistSpec, dst: DistSpec) -> Any:
+    """This rank's local array of ``dst`` given its local array of ``spec`` (collective).
+    The result is an array of ``local``'s backend: numpy's, or a device's (its buffers move
+    as they are; Note [Array backends] in backend.py)."""
     rank = comm.get_rank()
     with doing(describe, spec, dst):  # for the message when ranks diverge
         if spec.mesh != dst.mesh:
             return _cross_mesh(local, spec, dst, rank)
         coord = spec.mesh.get_coord(rank)
         if coord is None:  # not in the mesh: nothing to hold, nothing to do
-            return _empty(dst, coord)
+            return _empty(dst, coord, local)
         for step, before in _path(spec, dst):
             group = _Dim(spec.mesh, step.mesh_dim, rank, coord)
             local = _STEPS[step.kind](local, before, step, coord, group)
@@ -203,8 +206,15 @@ def _group_ranks(mesh, m: int, rank: int) -> tuple[int, ...]:
     return mesh.group_ranks(m, rank)
 
 
-def _empty(spec: DistSpec, coord) -> np.ndarray:
-    return np.empty(spec.local_shape(coord), spec.dtype)
+def _empty(spec: DistSpec, coord, like: Any) -> Any:
+    """An uninitialized shard of ``spec`` at ``coord``, of ``like``'s backend."""
+    xp = np if type(like) is np.ndarray else backend.xp(like)
+    return xp.empty(spec.local_shape(coord), spec.dtype)
+
+
+def _xp(a: Any) -> Any:
+    """The array module of shard ``a`` (numpy without a lookup for the common case)."""
+    return np if type(a) is np.ndarray else backend.xp(a)
 
 
 @lru_cache(maxsize=4096)
@@ -235,7 +245,7 @@ def _pack(local: np.ndarray, axis: int, sizes) -> tuple[np.ndarray, list[int]]:
         counts = [0] * len(sizes)
     if math.prod(local.shape[:axis]) == 1 and local.flags.c_contiguous:
         return local, counts  # the pieces already follow each other in memory
-    buf = np.empty(sum(counts), local.dtype)
+    buf = _xp(local).empty(sum(counts), local.dtype)
     off = start = 0
     for s, c in zip(sizes, counts):
         buf[off : off + c].reshape(_resized(local.shape, axis, s))[...] = _take(
@@ -264,11 +274,12 @@ def _all_gather(local, spec, step, coord, group):
     full = _block(spec, step.mesh_dim, coord)
     sizes, counts = _split_counts(full, d, group.size)
     local = contiguous(local)
-    out = np.empty(full, spec.dtype)
+    xp = _xp(local)
+    out = xp.empty(full, spec.dtype)
     if _contiguous_along(full, d):
         group.comm.allgather(local, out, counts)
     else:
-        flat = np.empty(sum(counts), spec.dtype)
+        flat = xp.empty(sum(counts), spec.dtype)
         group.comm.allgather(local, flat, counts)
         _unpack(flat, full, d, sizes, out)
     return out
@@ -276,7 +287,7 @@ def _all_gather(local, spec, step, coord, group):
 
 def _all_reduce(local, spec, step, coord, group):
     local = contiguous(local)
-    out = np.empty_like(local)
+    out = _xp(local).empty_like(local)
     group.comm.allreduce(local, out, step.src.reduce_type)
     return out
 
@@ -285,7 +296,7 @@ def _reduce_scatter(local, spec, step, coord, group):
     d = step.dst.dim
     sizes = split_sizes(local.shape[d], group.size)
     send, counts = _pack(local, d, sizes)
-    out = np.empty(_resized(local.shape, d, sizes[group.rank]), spec.dtype)
+    out = _xp(local).empty(_resized(local.shape, d, sizes[group.rank]), spec.dtype)
     group.comm.reduce_scatter(send, out, counts, step.src.reduce_type)
     return out
 
@@ -298,14 +309,15 @@ def _all_to_all(local, spec, step, coord, group):
     send, send_counts = _pack(local, e, e_sizes)
     mine = e_sizes[group.rank]
     out_shape = _resized(full, e, mine)
-    out = np.empty(out_shape, spec.dtype)
+    xp = _xp(local)
+    out = xp.empty(out_shape, spec.dtype)
     recv_counts = _split_counts(out_shape, d, group.size)[1]
     if len(set(d_sizes)) == len(set(e_sizes)) == 1:  # the group's sizes: the same on all ranks
         send_counts = recv_counts = None  # equal blocks: the fast collective
     if _contiguous_along(out_shape, d):
         group.comm.alltoall(send, send_counts, out, recv_counts)
     else:
-        flat = np.empty(out.size, spec.dtype)
+        flat = xp.empty(out.size, spec.dtype)
         group.comm.alltoall(send, send_counts, flat, recv_counts)
         _unpack(flat, out_shape, d, d_sizes, out)
     return out
@@ -319,7 +331,7 @@ def _slice(local, spec, step, coord, group):
 
 def _to_partial(local, spec, step, coord, group):
     if step.dst.reduce_type == "sum" and group.rank != 0:
-        return np.zeros_like(local)  # the value lives on coordinate 0; zeros add nothing
+        return _xp(local).zeros_like(local)  # the value lives on coordinate 0; zeros add nothing
     return local  # avg/max/min of equal values is the value
 
 
@@ -361,8 +373,8 @@ def _transfers(
 
 
 def fetch(
-    local: np.ndarray, spec: DistSpec, wants: tuple[tuple[int, tuple[tuple[int, int], ...]], ...]
-) -> np.ndarray | None:
+    local: Any, spec: DistSpec, wants: tuple[tuple[int, tuple[tuple[int, int], ...]], ...]
+) -> Any:
     """Deliver to each receiver rank of ``wants`` the global box it asks for ((start, length)
     per axis) of the tensor whose local array is ``local``; returns this rank's box (None if
     it asks for none). Partials are reduced first; then only the pieces a receiver does not
@@ -374,7 +386,8 @@ def fetch(
         local = execute(local, spec, plain)
     src_box = plain.local_box(spec.mesh.get_coord(rank))
     mine = next((box for r, box in wants if r == rank), None)
-    out = None if mine is None else np.empty(tuple(n for _, n in mine), spec.dtype)
+    xp = _xp(local)  # every rank's ``local`` is of one backend, off the mesh too
+    out = None if mine is None else xp.empty(tuple(n for _, n in mine), spec.dtype)
     w = comm.world()
     pending = []
     for sender, receiver, box in _transfers(plain, wants):
@@ -385,7 +398,7 @@ def fetch(
             else:
                 pending.append((w.isend(contiguous(piece), receiver, tag=7), None, None))
         elif receiver == rank:
-            buf = np.empty(tuple(s.stop - s.start for s in box), spec.dtype)
+            buf = xp.empty(tuple(s.stop - s.start for s in box), spec.dtype)
             pending.append((w.irecv(buf, sender, tag=7), buf, box))
     for work, buf, box in pending:
         work.wait()
@@ -400,10 +413,10 @@ def _wanted(dst: DistSpec) -> tuple[tuple[int, tuple[tuple[int, int], ...]], ...
     return tuple((r, dst.local_box(dst.mesh.get_coord(r))) for r in dst.mesh.process_ids)
 
 
-def _cross_mesh(local: np.ndarray, spec: DistSpec, dst: DistSpec, rank: int) -> np.ndarray:
+def _cross_mesh(local: Any, spec: DistSpec, dst: DistSpec, rank: int) -> Any:
     dst_plain = dst.without_partials()
     dst_coord = dst.mesh.get_coord(rank)
     out = fetch(local, spec, _wanted(dst_plain))
     if dst_coord is None:
-        return _empty(dst_plain, dst_coord)
+        return _empty(dst_plain, dst_coord, local)
     return execute(out, dst_plain, dst) if dst.has_partial() else out

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from .backend import is_device
 from .mesh import ProcessMesh
 from .placement import Partial, Placement, Replicate, Shard
 
@@ -47,9 +48,11 @@ def split_offset(n: int, k: int, i: int) -> tuple[int, int]:
     return i * q + min(i, r), q + (1 if i < r else 0)
 
 
-def contiguous(a: np.ndarray) -> np.ndarray:
-    """``a`` as a C-contiguous array; 0-d stays 0-d (np.ascontiguousarray makes it 1-d)."""
-    a = np.asarray(a)
+def contiguous(a: Any) -> Any:
+    """``a`` as a C-contiguous array; 0-d stays 0-d (np.ascontiguousarray makes it 1-d). A
+    device array stays on its device (Note [Array backends] in backend.py)."""
+    if not is_device(a):
+        a = np.asarray(a)
     return a if a.flags.c_contiguous else a.copy(order="C")
 
 

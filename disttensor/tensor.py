@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from . import autograd, comm
+from . import autograd, backend, comm
 from . import reshard as _reshard
 from ._format import format_array, shown_indices
 from .accounting import outside_rules
@@ -159,11 +159,14 @@ class DistTensor:
 
     @property
     def device(self) -> str:
-        """``"cpu"``, numpy's only device."""
-        return "cpu"
+        """Where the shards live: ``"cpu"`` (numpy's only device), or the GPU of this rank's
+        shard, e.g. ``"cuda:0"`` (Note [Array backends] in backend.py)."""
+        return backend.of(self._local).device_of(self._local)
 
     def to_device(self, device, /, *, stream=None) -> DistTensor:
-        """``x.to_device("cpu")`` is ``x``, as numpy; other devices raise ValueError."""
+        """A copy on ``device`` ("cpu", "gpu" or a registered device; ``x`` itself where it
+        is there already): each rank copies its shard, no communication. The copy is a new
+        leaf, cut from the graph (no gradient flows through a device move)."""
         return _nd().to_device(self, device, stream)
 
     @property
@@ -222,12 +225,14 @@ class DistTensor:
         raise _nd().refused("base")
 
     # -- values ------------------------------------------------------------------------------
-    def to_local(self) -> np.ndarray:
-        """This rank's shard, no communication (empty on ranks outside the mesh)."""
+    def to_local(self) -> Any:
+        """This rank's shard, no communication (empty on ranks outside the mesh): a numpy
+        array, or the device array itself on a GPU."""
         return self._local
 
     def numpy(self) -> np.ndarray:
-        """The global value, on every rank of the mesh (collective over the mesh)."""
+        """The global value as a host numpy array (from a device too), on every rank of the
+        mesh (collective over the mesh)."""
         rank = comm.get_rank()
         if rank not in self.mesh:
             raise RuntimeError(
@@ -237,6 +242,8 @@ class DistTensor:
         full = self._spec.replace(placements=[Replicate()] * self.mesh.ndim)
         with doing("numpy()"):
             out = _reshard.execute(self._local, self._spec, full)
+        if type(out) is not np.ndarray and backend.is_device(out):
+            return backend.to_host(out)  # a copy
         return out if out is not self._local else out.copy()
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
@@ -753,6 +760,8 @@ def _check_assigned_grad(t: DistTensor, g: Any) -> None:
             f"assigned grad lives on {gs.mesh}, but the tensor on {spec.mesh}; "
             "dt.reshard it to the tensor's mesh first"
         )
+    if type(g._local) is not type(t._local) and backend.of(g._local) is not backend.of(t._local):
+        raise backend.mixed("assigned grad", backend.of(g._local), backend.of(t._local))
 
 
 def _check_grad_dtype(dtype: np.dtype) -> None:
@@ -815,10 +824,16 @@ def _gather_shown(x: DistTensor, idx: tuple[np.ndarray, ...], rank: int) -> np.n
 
     coords = [mesh.get_coord(r) for r in mesh.process_ids]
     mine = picked(mesh.get_coord(rank))
-    piece = np.ascontiguousarray(x.to_local()[np.ix_(*[loc for _, loc in mine])])
+    local = x.to_local()
+    be = backend.of(local)  # a device shard: the shown items gathered there, then brought over
+    grid_idx = np.ix_(*[loc for _, loc in mine])
+    if be.device:
+        grid_idx = tuple(be.from_host(i) for i in grid_idx)
+    piece = be.xp.ascontiguousarray(local[grid_idx])
     counts = [math.prod(len(loc) for _, loc in picked(c)) for c in coords]
-    flat = np.empty(sum(counts), x.dtype)
+    flat = be.xp.empty(sum(counts), x.dtype)
     comm.group(tuple(mesh.process_ids)).allgather(piece, flat, counts)
+    flat = backend.to_host(flat)
 
     grid = np.empty(mesh.shape, dtype=object)
     offset = 0
@@ -857,20 +872,25 @@ def check_world(mesh: ProcessMesh, what: str) -> None:
         )
 
 
-def from_spec_block(block_fn, spec: DistSpec, requires_grad: bool = False) -> DistTensor:
-    """A DistTensor whose plain (Partial read as Replicate) shard is ``block_fn(slices)``.
+def from_spec_block(
+    block_fn, spec: DistSpec, requires_grad: bool = False, on: backend.Backend | None = None
+) -> DistTensor:
+    """A DistTensor whose plain (Partial read as Replicate) shard is ``block_fn(slices)``, on
+    backend ``on`` (default: the selected device, ``backend.current()``); a host block is
+    copied to the device there.
 
     Only the local shard is made; Partial mesh dims are then set locally (no communication).
     """
     if requires_grad:
         _check_grad_dtype(spec.dtype)
+    be = backend.current() if on is None else on
     rank = comm.get_rank()
     coord = spec.mesh.get_coord(rank)
     plain = spec.without_partials()
     if coord is None:
-        local = np.empty(plain.local_shape(None), spec.dtype)
+        local = be.xp.empty(plain.local_shape(None), spec.dtype)
     else:
-        local = np.asarray(block_fn(plain.local_slices(coord)), dtype=spec.dtype)
+        local = be.asarray(block_fn(plain.local_slices(coord)), spec.dtype)  # host: np.asarray
         if spec.has_partial():
             local = _reshard.execute(local, plain, spec)
     return DistTensor(local, spec, requires_grad)
@@ -923,17 +943,22 @@ def shard_tensor(
                 _check_grad_dtype(out.dtype)
             out.requires_grad = requires_grad or data.requires_grad
         return out
-    try:
-        arr = np.asarray(data, dtype=dtype)
-    except (TypeError, ValueError) as e:
-        raise TypeError(
-            f"shard_tensor cannot make an array of {type(data).__name__}: {e}"
-        ) from None
+    on = None  # a device array stays on its device, whatever device is selected
+    if backend.is_device(data):
+        on = backend.of(data)
+        arr = on.asarray(data, dtype)
+    else:
+        try:
+            arr = np.asarray(data, dtype=dtype)
+        except (TypeError, ValueError) as e:
+            raise TypeError(
+                f"shard_tensor cannot make an array of {type(data).__name__}: {e}"
+            ) from None
     if arr.dtype == object:
         raise TypeError(f"shard_tensor needs numeric data, got an object array from {data!r:.80}")
     spec = DistSpec.make(mesh, placements, arr.shape, arr.dtype, what="shard_tensor")
     _agree_on(spec, "shard_tensor", arr if check or agree.DEBUG else None)
-    return from_spec_block(lambda slices: arr[slices].copy(), spec, requires_grad)
+    return from_spec_block(lambda slices: arr[slices].copy(), spec, requires_grad, on)
 
 
 # Note [Replicas agree]
@@ -955,7 +980,8 @@ def _agree_on(spec: DistSpec, what: str, values: np.ndarray | None = None) -> No
         return
     key: tuple = (spec.shape, spec.dtype, spec.placements)
     if values is not None:
-        key += (f"crc32 {zlib.crc32(np.ascontiguousarray(values).view(np.uint8)):#010x}",)
+        host = np.ascontiguousarray(backend.to_host(values))
+        key += (f"crc32 {zlib.crc32(host.view(np.uint8)):#010x}",)
     comm.group(tuple(spec.mesh.process_ids)).agree(what, key)
 
 
@@ -972,7 +998,8 @@ def _from_rank(data, mesh, placements, dtype, requires_grad, src) -> DistTensor:
     if rank == src:
         if isinstance(data, DistTensor):
             raise TypeError("shard_tensor(..., src=): data must be an array on rank src")
-        arr = np.asarray(data, dtype=dtype)
+        arr = backend.to_host(data) if backend.is_device(data) else data
+        arr = np.asarray(arr, dtype=dtype)
         meta = (arr.shape, arr.dtype.str) if arr.dtype != object else "object"
     with doing("shard_tensor(src=...)"):
         metas = world.allgather_object(meta)  # every rank learns the shape (and errors) at once
@@ -985,9 +1012,13 @@ def _from_rank(data, mesh, placements, dtype, requires_grad, src) -> DistTensor:
         _check_grad_dtype(spec.dtype)
     one = ProcessMesh([src])
     held = DistSpec(one, (Replicate(),), spec.shape, spec.dtype)
-    local = arr if rank == src else np.empty(held.local_shape(None), spec.dtype)
+    be = backend.current()  # every rank's data moves on the selected device
+    if rank == src:
+        local = be.asarray(np.ascontiguousarray(arr)) if be.device else np.ascontiguousarray(arr)
+    else:
+        local = be.xp.empty(held.local_shape(None), spec.dtype)
     with doing("shard_tensor(src=...)"):
-        out = _reshard.execute(np.ascontiguousarray(local), held, spec)
+        out = _reshard.execute(local, held, spec)
     return DistTensor(out if out is not arr else out.copy(), spec, requires_grad)
 
 
@@ -997,7 +1028,9 @@ def dtensor_from_local(
     placements: Sequence[Placement],
     global_shape: Sequence[int] | None = None,
 ) -> DistTensor:
-    """Wrap this rank's shard ``local`` (no copy) as a DistTensor.
+    """Wrap this rank's shard ``local`` (no copy) as a DistTensor. A device array (CuPy) is
+    taken as it is; host data is copied to the device when a GPU is selected
+    (``dt.set_device``).
 
     With ``global_shape=None`` the global shape is worked out from every rank's shard (one small
     all-gather over the mesh), and shards that cannot form a global tensor raise on every rank.
@@ -1005,6 +1038,9 @@ def dtensor_from_local(
     """
     check_world(mesh, "dtensor_from_local")
     local = contiguous(local)
+    be = backend.current()
+    if be.device and type(local) not in backend.DEVICE_ARRAYS:  # host data, a device selected
+        local = be.asarray(local)
     rank = comm.get_rank()
     coord = mesh.get_coord(rank)
     if global_shape is not None:
@@ -1023,7 +1059,7 @@ def dtensor_from_local(
                 "(shards follow numpy.array_split: the first n % k are one longer)"
             )
         if coord is None:
-            local = np.empty(want, local.dtype)
+            local = backend.xp(local).empty(want, local.dtype)
         return DistTensor(local, spec)
     if coord is None:
         raise ValueError(

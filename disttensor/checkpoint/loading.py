@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import comm
+from .. import backend, comm
 from ..mesh import ProcessMesh
 from ..placement import Replicate, Shard
 from ..spec import DistSpec
@@ -35,6 +35,9 @@ def load(template: Any, path: str | os.PathLike) -> Any:
     path = os.path.abspath(os.fspath(path))
     world = comm.world()
     rank = comm.get_rank()
+    if backend.current().device:  # the tensors it makes would be host arrays
+        raise backend.unsupported("load", backend.current())
+    backend.host_only("load (into a device template)", _leaves(template))
 
     # 1. every rank reads the metadata and checks the template; the ranks agree on the outcome
     error = found = None
@@ -117,3 +120,12 @@ def assemble(directory: str, table: dict, dtype: np.dtype, box: tuple[slice, ...
             "items this rank needs; its metadata is inconsistent"
         )
     return out
+
+
+def _leaves(template: Any) -> list:
+    """The DistTensors (and arrays) of a template's nested dicts, lists and tuples."""
+    if isinstance(template, dict):
+        return [v for x in template.values() for v in _leaves(x)]
+    if isinstance(template, (list, tuple)):
+        return [v for x in template for v in _leaves(x)]
+    return [template]

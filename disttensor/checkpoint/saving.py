@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import comm
+from .. import backend, comm
 from ..placement import Replicate, Shard
 from ..reshard import execute
 from ..spec import DistSpec
@@ -36,6 +36,7 @@ def save(state: Any, path: str | os.PathLike) -> None:
     """
     path = os.path.abspath(os.fspath(path))
     tree, leaves = flatten(state)  # a TypeError here, on every rank, before any collective
+    backend.host_only("save", [obj for _, obj in leaves])
     world = comm.world()
     rank, size = comm.get_rank(), world.size
     tables = [_describe(obj, i) for i, (_, obj) in enumerate(leaves)]

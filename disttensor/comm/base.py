@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from ..backend import is_device, xp
 from . import agree
 
 REDUCE_OPS = ("sum", "avg", "max", "min")
@@ -278,8 +279,11 @@ def displacements(counts: Sequence[int]) -> list[int]:
     return out
 
 
-def reduce_arrays(arrays: Sequence[np.ndarray], op: str) -> np.ndarray:
-    """The numpy reference of a reduction over ranks, used by the in-process backend."""
+def reduce_arrays(arrays: Sequence[Any], op: str) -> Any:
+    """The numpy reference of a reduction over ranks, used by the in-process backend; device
+    arrays are reduced with their own array module, in the same order."""
+    if type(arrays[0]) is not np.ndarray and is_device(arrays[0]):
+        return _reduce_device(arrays, op)
     if op in ("sum", "avg"):
         out = np.array(arrays[0], copy=True)
         for a in arrays[1:]:
@@ -289,3 +293,20 @@ def reduce_arrays(arrays: Sequence[np.ndarray], op: str) -> np.ndarray:
         return out
     ufunc = np.maximum if op == "max" else np.minimum
     return ufunc.reduce(np.stack(arrays), axis=0)
+
+
+def _reduce_device(arrays: Sequence[Any], op: str) -> Any:
+    """``reduce_arrays`` of device arrays: a running sum, or pairwise maximum/minimum in rank
+    order (what numpy's ``maximum.reduce`` over the stacked arrays computes); CuPy's ufuncs
+    offer no ``reduce`` for every op."""
+    out = arrays[0].copy()
+    if op in ("sum", "avg"):
+        for a in arrays[1:]:
+            out += a
+        if op == "avg":
+            out /= len(arrays)
+        return out
+    f = getattr(xp(out), "maximum" if op == "max" else "minimum")
+    for a in arrays[1:]:
+        out = f(out, a)
+    return out

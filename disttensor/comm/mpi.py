@@ -5,10 +5,20 @@ works. Reductions use MPI's types: bool is reduced as uint8 with MAX/MIN (logica
 float16, which MPI lacks, is reduced in float32. MAX/MIN of floating and complex numbers use
 numpy's maximum/minimum as MPI user ops: MPI's own MAX drops a NaN or keeps it depending on
 the order the ranks are combined in (numpy propagates it), and has no complex MAX at all.
+
+Note [Host staging]
+    MPI moves host memory (a CUDA-aware MPI is not assumed). A device array handed to a
+    call (Note [Array backends] in disttensor/backend.py) is copied to a host buffer, the
+    call runs on the host buffers, and the arrays it writes are copied back to the device
+    (after ``wait()`` for a non-blocking call); an array that is both the send and the
+    receive buffer is staged once, so in-place reductions stay in place. On a GPU the mesh
+    dims use a device communicator where one is available (comm/__init__.py,
+    ``device_communicator``), and this path serves the rest.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
@@ -16,6 +26,7 @@ import traceback
 
 import numpy as np
 
+from ..backend import DEVICE_ARRAYS, of
 from .base import Communicator, Work, displacements, equal_counts
 from .watchdog import WATCH
 
@@ -56,6 +67,52 @@ def _numpy_op(op: str, dtype: np.dtype):
 
 def _bytes(a: np.ndarray) -> np.ndarray:
     return a.reshape(-1).view(np.uint8)
+
+
+def _staged(*written: int, reads_written: bool = False):
+    """Note [Host staging] for a method whose positional arguments ``written`` are the
+    arrays it writes (``reads_written``: it reads them first too, as a broadcast's root)."""
+
+    def deco(method):
+        @functools.wraps(method)
+        def call(self, *args):
+            if not any(type(a) in DEVICE_ARRAYS for a in args):
+                return method(self, *args)
+            staged = list(args)
+            hosts: dict[int, np.ndarray] = {}  # an array passed twice is staged once
+            for i in sorted(range(len(args)), key=lambda i: i in written):  # reads first
+                a = args[i]
+                if type(a) not in DEVICE_ARRAYS:
+                    continue
+                h = hosts.get(id(a))
+                if h is None:
+                    fresh = i in written and not reads_written  # its values are not read
+                    h = np.empty(a.shape, a.dtype) if fresh else of(a).to_host(a)
+                    hosts[id(a)] = h
+                staged[i] = h
+            back = [(args[i], staged[i]) for i in written if type(args[i]) in DEVICE_ARRAYS]
+
+            def copy_back() -> None:
+                for dev, host in back:
+                    dev[...] = of(dev).from_host(host)
+
+            out = method(self, *staged)
+            if not isinstance(out, Work):
+                copy_back()
+                return out
+            wait = out._wait
+
+            def staged_wait() -> None:
+                if wait is not None:
+                    wait()
+                copy_back()
+
+            out._wait = staged_wait
+            return out
+
+        return call
+
+    return deco
 
 
 class MPIComm(Communicator):
@@ -104,12 +161,14 @@ class MPIComm(Communicator):
         elif op == "avg":
             recv /= self.size
 
+    @_staged(1)
     def _allreduce(self, send, recv, op):
         _mpi()
         s, r, mop, wide = self._reduce_view(send, recv, op)
         self.comm.Allreduce(s, r, mop)
         self._finish(recv, wide, op)
 
+    @_staged(1)
     def _iallreduce(self, send, recv, op):
         _mpi()
         s, r, mop, wide = self._reduce_view(send, recv, op)
@@ -121,6 +180,7 @@ class MPIComm(Communicator):
 
         return Work(wait, req.Test)
 
+    @_staged(1)
     def _reduce_scatter(self, send, recv, counts, op):
         _mpi()
         s, r, mop, wide = self._reduce_view(send, recv, op)
@@ -128,6 +188,7 @@ class MPIComm(Communicator):
         self._finish(recv, wide, op)
 
     # Data movement ------------------------------------------------------------------------
+    @_staged(1)
     def _allgather(self, send, recv, counts):
         MPI = _mpi()
         if len(set(counts)) == 1:  # the same list on every rank, so every rank takes this branch
@@ -137,6 +198,7 @@ class MPIComm(Communicator):
         b = [c * send.itemsize for c in counts]
         self.comm.Allgatherv(_bytes(send), [_bytes(recv), b, displacements(b), MPI.BYTE])
 
+    @_staged(2)
     def _alltoall(self, send, send_counts, recv, recv_counts):
         MPI = _mpi()
         if send_counts is None and recv_counts is None:  # equal blocks everywhere (caller says)
@@ -151,12 +213,15 @@ class MPIComm(Communicator):
             [_bytes(recv), rb, displacements(rb), MPI.BYTE],
         )
 
+    @_staged(0, reads_written=True)
     def _broadcast(self, buf, root):
         self.comm.Bcast(_bytes(buf), root)
 
+    @_staged()
     def _isend(self, buf, dest, tag):
         return Work(self.comm.Isend(_bytes(buf), dest, tag).Wait)
 
+    @_staged(0)
     def _irecv(self, buf, source, tag):
         return Work(self.comm.Irecv(_bytes(buf), source, tag).Wait)
 

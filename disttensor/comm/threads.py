@@ -14,8 +14,6 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from . import agree
 from .base import Communicator, Work, displacements, equal_counts, record, reduce_arrays
 
@@ -234,7 +232,7 @@ class ThreadComm(Communicator):
         return self.world.mailbox((self.ranks, self.ranks[src], self.ranks[dst], tag))
 
     def _isend(self, buf, dest, tag):
-        self._box(self.rank, dest, tag).put(np.array(buf, copy=True))
+        self._box(self.rank, dest, tag).put(buf.copy())  # any array type, as it is
         return Work()
 
     def _irecv(self, buf, source, tag):

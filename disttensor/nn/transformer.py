@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import ops
+from .. import backend, ops
 from ..mesh import ProcessMesh
 from .layers import GELU, Dropout, LayerNorm, Linear, _seed
 from .module import Module
@@ -58,7 +58,8 @@ class MultiHeadAttention(Module):
         q, k, v = (self._heads(f(x), b, n) for f in (self.q, self.k, self.v))
         scores = ops.matmul(q, k, trans_y=True) * (1 / math.sqrt(self.dim // self.heads))
         if self.causal:
-            scores = ops.where(np.tril(np.ones((n, n), bool)), scores, -np.inf)
+            causal = backend.constant(scores, np.tril(np.ones((n, n), bool)))
+            scores = ops.where(causal, scores, -np.inf)
         att = self.drop(ops.softmax(scores, axis=-1))
         out = ops.transpose(ops.matmul(att, v), (0, 2, 1, 3))
         return self.proj(ops.reshape(out, (b, n, self.dim)))

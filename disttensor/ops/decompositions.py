@@ -75,7 +75,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.linalg import LinAlgError
 
-from .. import autograd, comm
+from .. import autograd, backend, comm
 from ..placement import Replicate, Shard
 from ..spec import DistSpec
 from ..tensor import DistTensor, dtensor_from_local, reshard
@@ -232,6 +232,7 @@ def qr(a, mode="reduced"):
     array([[-5.9161, -7.4374],
            [ 0.    ,  0.8281]])
     """
+    backend.host_only("qr", a, mode)
     if not isinstance(a, DistTensor):
         return np.linalg.qr(a, mode)
     if mode not in _MODES:
@@ -281,6 +282,7 @@ def svd(a, full_matrices=True, compute_uv=True, hermitian=False):
     >>> dt.simulate(2, f)[0]
     ([Shard(dim=0)], array([2., 1.]))
     """
+    backend.host_only("svd", a, full_matrices, compute_uv, hermitian)
     if not isinstance(a, DistTensor):
         return np.linalg.svd(a, full_matrices, compute_uv, hermitian)
     if hermitian:
@@ -329,6 +331,7 @@ def svdvals(x):
     >>> dt.simulate(2, f)[0]
     array([4., 3.])
     """
+    backend.host_only("svdvals", x)
     return svd(x, compute_uv=False)
 
 
@@ -349,6 +352,7 @@ def lstsq(a, b, rcond=None):
     >>> dt.simulate(2, f)[0]
     (array([0.9 , 2.15]), array([0.075]), np.int32(2))
     """
+    backend.host_only("lstsq", a, b, rcond)
     if not isinstance(a, DistTensor):
         raise Unsupported("a numpy a")
     if isinstance(b, DistTensor) and b.mesh != a.mesh:
@@ -504,6 +508,7 @@ def eigh(a, UPLO="L"):
     >>> w.numpy(), w.placements
     (array([1., 3.]), [Replicate()])
     """
+    backend.host_only("eigh", a, UPLO)
     if not isinstance(a, DistTensor):
         return np.linalg.eigh(a, UPLO)
     return _EighResult(*_eig_results(a, "eigh", UPLO, vectors=True))
@@ -517,6 +522,7 @@ def eigvalsh(a, UPLO="L"):
     >>> np.linalg.eigvalsh(c).numpy()
     array([1., 3.])
     """
+    backend.host_only("eigvalsh", a, UPLO)
     if not isinstance(a, DistTensor):
         return np.linalg.eigvalsh(a, UPLO)
     return _eig_results(a, "eigvalsh", UPLO, vectors=False)[0]

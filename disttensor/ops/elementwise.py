@@ -1,5 +1,9 @@
 """Elementwise ops: numpy semantics (broadcasting, type promotion), one table row each.
 
+On device shards each op runs the array module's function of the same name (``cupy.exp``),
+or, for the composites (sigmoid, gelu, ...), the same expression written with that module
+(Note [Array backends] in backend.py).
+
 >>> import numpy as np, disttensor as dt
 >>> mesh = dt.ProcessMesh([0])
 >>> x = dt.shard_tensor(np.array([-1.0, 0.5]), mesh, [dt.Shard(0)])
@@ -9,21 +13,23 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from ..dispatch import Op
 
 
-def _sigmoid(x):
+def _sigmoid(x, xp=np):
     # exp of a non-positive number only: no overflow for large |x|
-    e = np.exp(-np.abs(x))
-    return np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(np.result_type(x, 1.0), copy=False)
+    e = xp.exp(-xp.abs(x))
+    return xp.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(xp.result_type(x, 1.0), copy=False)
 
 
-def _gelu(x):
+def _gelu(x, xp=np):
     """The tanh approximation of GELU (as in GPT-2 and BERT)."""
-    c = np.sqrt(2 / np.pi).astype(np.result_type(x, 1.0))
-    return 0.5 * x * (1 + np.tanh(c * (x + 0.044715 * x**3)))
+    c = np.sqrt(2 / np.pi).astype(xp.result_type(x, 1.0))  # a host scalar
+    return 0.5 * x * (1 + xp.tanh(c * (x + 0.044715 * x**3)))
 
 
 UNARY = {
@@ -107,11 +113,41 @@ UNARY_GRAD = {
     "sigmoid_grad": lambda g, o: g * (o * (1 - o)),
 }
 
-OPS: dict[str, Op] = {name: Op(name, k, rule=name) for name, k in {**UNARY, **BINARY}.items()}
-GRAD_OPS: dict[str, Op] = {name: Op(name, k, rule=name) for name, k in UNARY_GRAD.items()}
-OPS["where"] = Op("where", np.where, rule="where")
-OPS["clip"] = Op("clip", lambda x, lo, hi: np.clip(x, lo, hi), rule="clip")
-OPS["astype"] = Op("astype", lambda x, dtype: x.astype(dtype), rule="astype")
+
+def _xp_kernel(fn):
+    """The device kernel factory of a kernel written with an ``xp`` argument."""
+    return lambda be: partial(fn, xp=be.xp)
+
+
+# Device kernels (dispatch.Op.device): by default the array module's function of the op's
+# name; the composites written with the module (the same operations, so the same values).
+DEVICE = {
+    "rsqrt": lambda be: lambda x: 1 / be.xp.sqrt(x),
+    "sigmoid": _xp_kernel(_sigmoid),
+    "relu": lambda be: lambda x: be.xp.maximum(x, 0),
+    "gelu": _xp_kernel(_gelu),
+    "silu": lambda be: lambda x: x * _sigmoid(x, be.xp),
+    "round": lambda be: getattr(be.xp, "round", None) or be.xp.around,  # older CuPy: around
+    # g * (1 - o * o): the host kernel's operations without its in-place temporaries
+    "tanh_grad": lambda be: lambda g, o: g * (1 - o * o),
+    "sigmoid_grad": True,  # operators only: the kernel itself
+}
+
+OPS: dict[str, Op] = {
+    name: Op(name, k, rule=name, device=DEVICE.get(name, name))
+    for name, k in {**UNARY, **BINARY}.items()
+}
+GRAD_OPS: dict[str, Op] = {
+    name: Op(name, k, rule=name, device=DEVICE[name]) for name, k in UNARY_GRAD.items()
+}
+OPS["where"] = Op("where", np.where, rule="where", device="where")
+OPS["clip"] = Op(
+    "clip",
+    lambda x, lo, hi: np.clip(x, lo, hi),
+    rule="clip",
+    device=lambda be: lambda x, lo, hi: be.xp.clip(x, lo, hi),
+)
+OPS["astype"] = Op("astype", lambda x, dtype: x.astype(dtype), rule="astype", device=True)
 
 
 def where(condition, x, y):

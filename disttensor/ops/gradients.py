@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import backend
 from ..autograd import NOT_DIFFERENTIABLE, GradContext, gradient
 from ..spmd.core import parse_equation
 from ..tensor import DistTensor
@@ -531,7 +532,7 @@ def _repeat(ctx, g):
         split = x.shape[:axis] + (n, repeats) + x.shape[axis + 1 :]
         return (red.sum(sh.reshape(g, split), axis + 1),)
     owner = np.repeat(np.arange(n), repeats)  # output position -> input item
-    onehot = (owner[:, None] == np.arange(n)[None, :]).astype(g.dtype)
+    onehot = backend.constant(g, (owner[:, None] == np.arange(n)[None, :]).astype(g.dtype))
     letters = "abcdefghijklmnopqrstuvwx"[: x.ndim]
     src = letters[:axis] + "y" + letters[axis + 1 :]
     return (la.einsum(f"{src},yz->{letters[:axis]}z{letters[axis + 1 :]}", g, onehot),)
@@ -618,7 +619,9 @@ def _onehot(labels, axis: int, classes: int, ndim: int):
     labels = where(EW["less"](labels, 0), add(labels, classes), labels)
     shape = [1] * ndim
     shape[axis] = classes
-    return EW["equal"](sh.expand_dims(labels, axis), np.arange(classes).reshape(shape))
+    return EW["equal"](
+        sh.expand_dims(labels, axis), backend.constant(labels, np.arange(classes).reshape(shape))
+    )
 
 
 @gradient("cross_entropy")

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import autograd, comm
+from .. import autograd, backend, comm
 from ..accounting import outside_rules
 from ..placement import Partial, Replicate, Shard
 from ..spec import DistSpec
@@ -48,6 +48,7 @@ from ..tensor import DistTensor, reshard
 
 def gather_by_index(x: DistTensor, key: Any) -> DistTensor | None:
     """``x[key]`` by Note [Gathers by index]; None when the key is not of its form."""
+    backend.host_only("x[key] with an integer-array or boolean key", x, key)
     spec = x._spec
     mesh = spec.mesh
     if not any(p.is_shard() and n > 1 for p, n in zip(spec.placements, mesh.shape)):

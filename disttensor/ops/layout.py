@@ -65,7 +65,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
 
-from .. import autograd, comm
+from .. import autograd, backend, comm
 from .. import reshard as _reshard
 from ..dispatch import KernelContext, Op
 from ..mesh import ProcessMesh
@@ -208,16 +208,17 @@ def remap(x: DistTensor, maps: tuple, shape: tuple[int, ...], value: Any = 0) ->
 
     got = fetch_boxes(x, boxes)
     coord = spec.mesh.get_coord(comm.get_rank())
+    xp = backend.xp(x._local)  # the shards' array module (Note [Array backends])
     if coord is None:
-        local = np.empty(out_spec.local_shape(None), spec.dtype)
+        local = xp.empty(out_spec.local_shape(None), spec.dtype)
     else:
         lshape = out_spec.local_shape(coord)
         if all(_covers(m, n, k) for m, n, k in zip(maps, spec.shape, shape)):
-            local = np.empty(lshape, spec.dtype)
+            local = xp.empty(lshape, spec.dtype)
         else:
-            local = np.full(lshape, _fill(spec, coord, value), spec.dtype)
+            local = xp.full(lshape, _fill(spec, coord, value), spec.dtype)
         for (_, dst), piece in zip(_pieces(maps, spec.shape, out_spec.local_box(coord)), got):
-            local[dst] = np.flip(piece, flips) if flips else piece
+            local[dst] = xp.flip(piece, flips) if flips else piece
     out = DistTensor(local, out_spec)
     if x.requires_grad and autograd.is_grad_enabled():
         autograd.record_op("remap", (x,), {"maps": maps, "shape": shape}, out)
@@ -272,7 +273,7 @@ def join_split(arrays: Sequence[Any], axis: int) -> DistTensor | None:
     shape = tuple(sum(sizes) if d == axis else n for d, n in enumerate(spec.shape))
     out_spec = spec.replace(shape=shape)
     coord = mesh.get_coord(comm.get_rank())
-    local = np.empty(out_spec.local_shape(coord), spec.dtype)
+    local = backend.xp(first._local).empty(out_spec.local_shape(coord), spec.dtype)
     for part, off in zip(parts, offsets):
         maps = tuple(("shift", off) if d == axis else ("id",) for d in range(nd))
 
@@ -383,6 +384,7 @@ def pad(array, pad_width, mode="constant", **kwargs):
     >>> dt.pad(x, (2, 1), constant_values=9).numpy()
     array([9, 9, 0, 1, 2, 3, 9])
     """
+    backend.host_only("pad", array, pad_width, mode)
     if not isinstance(array, DistTensor):
         return np.pad(array, pad_width, mode, **kwargs)
     if mode != "constant" or set(kwargs) - {"constant_values"}:
@@ -455,6 +457,7 @@ def diff(a, n=1, axis=-1, prepend=np._NoValue, append=np._NoValue):
     >>> dt.diff(x).numpy(), dt.diff(x, 2, prepend=0).numpy()
     (array([3, 5, 7]), array([2, 2, 2]))
     """
+    backend.host_only("diff", a, n, axis, prepend, append)
     if not isinstance(a, DistTensor):
         return np.diff(a, n, axis, prepend, append)
     n = operator.index(n)
@@ -597,11 +600,13 @@ def tril(m, k=0):
            [1, 1, 0],
            [1, 1, 1]])
     """
+    backend.host_only("tril", m, k)
     return _triangular("tril", m, k)
 
 
 def triu(m, k=0):
     """``np.triu``: local on every layout (Note [Triangles with global offsets])."""
+    backend.host_only("triu", m, k)
     return _triangular("triu", m, k)
 
 
@@ -614,6 +619,7 @@ def diagonal(a, offset=0, axis1=0, axis2=1):
     >>> dt.diagonal(x).numpy(), dt.diagonal(x, -1).numpy()
     (array([0, 4, 8]), array([3, 7]))
     """
+    backend.host_only("diagonal", a, offset, axis1, axis2)
     if not isinstance(a, DistTensor):
         return np.diagonal(a, offset, axis1, axis2)
     nd = a.ndim
@@ -630,6 +636,7 @@ def diagonal(a, offset=0, axis1=0, axis2=1):
 def diag_embed(v, offset: int = 0, shape: tuple[int, int] | None = None):
     """``v`` (..., L) written onto diagonal ``offset`` of zeros of (..., *shape) (default:
     square); the inverse of ``diagonal``."""
+    backend.host_only("diag_embed", v, offset, shape)
     k = operator.index(offset)
     if shape is None:
         side = v.shape[-1] + abs(k)
@@ -648,6 +655,7 @@ def diag(v, k=0):
            [0, 0, 2],
            [0, 0, 0]])
     """
+    backend.host_only("diag", v, k)
     if not isinstance(v, DistTensor):
         return np.diag(v, k)
     if v.ndim == 1:
@@ -666,6 +674,7 @@ def trace(a, offset=0, axis1=0, axis2=1):
     >>> float(dt.trace(x)), float(dt.trace(x, 1))
     (12.0, 6.0)
     """
+    backend.host_only("trace", a, offset, axis1, axis2)
     if not isinstance(a, DistTensor):
         return np.trace(a, offset, axis1, axis2)
     return red.sum(diagonal(a, offset, axis1, axis2), -1)
@@ -688,6 +697,7 @@ def tensordot(a, b, axes=2):
     array([[ 3.,  3.],
            [12., 12.]])
     """
+    backend.host_only("tensordot", a, b, axes)
     sa, sb = _shape_of(a), _shape_of(b)
     na, nb = len(sa), len(sb)
     try:
@@ -729,6 +739,7 @@ def take_along_axis(arr, indices, axis=-1):
     array([[30],
            [60]])
     """
+    backend.host_only("take_along_axis", arr, indices, axis)
     if not isinstance(arr, DistTensor):
         if isinstance(indices, DistTensor):
             raise Unsupported("a numpy array with DistTensor indices")
@@ -754,7 +765,7 @@ def take_along_axis(arr, indices, axis=-1):
 
 # -- stacking ----------------------------------------------------------------------------------
 def _operand(a: Any) -> Any:
-    return a if isinstance(a, DistTensor) else np.asarray(a)
+    return a if isinstance(a, DistTensor) or backend.is_device(a) else np.asarray(a)
 
 
 def atleast_1d(*arys):
@@ -909,6 +920,7 @@ def nonzero(a):
     >>> [i.numpy() for i in dt.nonzero(x)]
     [array([0, 1]), array([1, 0])]
     """
+    backend.host_only("nonzero", a)
     if not isinstance(a, DistTensor):
         return np.nonzero(a)
     if a.ndim == 0:
@@ -921,6 +933,7 @@ def nonzero(a):
 
 def argwhere(a):
     """``np.argwhere``: the (N, ndim) indices of the nonzero items, Replicate."""
+    backend.host_only("argwhere", a)
     if not isinstance(a, DistTensor):
         return np.argwhere(a)
     flat = a.ndim == 0
@@ -936,6 +949,7 @@ def argwhere(a):
 def flatnonzero(a):
     """``np.flatnonzero``: the indices of the nonzero items of the raveled tensor, Replicate
     (computed from ``nonzero``'s indices: the raveled tensor is never formed)."""
+    backend.host_only("flatnonzero", a)
     if not isinstance(a, DistTensor):
         return np.flatnonzero(a)
     if a.ndim == 0:

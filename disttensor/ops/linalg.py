@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from ..dispatch import Op
@@ -19,27 +21,37 @@ def _shape(a) -> tuple[int, ...]:
     return a.shape if isinstance(a, DistTensor) else np.shape(a)
 
 
-def _matmul(x, y, trans_x=False, trans_y=False):
+def _matmul(x, y, trans_x=False, trans_y=False, xp=np):
+    """``xp``: the array module (a device's: Note [Array backends] in backend.py)."""
     if trans_x and x.ndim >= 2:
         x = x.swapaxes(-1, -2)  # the method: np.swapaxes' Python wrapper costs a microsecond
     if trans_y and y.ndim >= 2:
         y = y.swapaxes(-1, -2)
-    return np.matmul(x, y)
+    return xp.matmul(x, y)
 
 
-def _linear(x, w, b):
-    out = np.matmul(x, w)
+def _linear(x, w, b, xp=np):
+    out = xp.matmul(x, w)
     if b.dtype == out.dtype:  # added in place into matmul's fresh result: one pass, no copy
         out += b
         return out
     return out + b  # numpy's promotion, as x @ w + b
 
 
-_MATMUL = Op("matmul", _matmul, rule="matmul")
-_LINEAR = Op("linear", _linear, rule="linear")
-_DOT = Op("dot", np.dot, rule="dot")
-_EINSUM = Op("einsum", lambda *ops, equation: np.einsum(equation, *ops), rule="einsum")
-_OUTER = Op("outer", np.outer, rule="outer")
+def _with_xp(fn):
+    return lambda be: partial(fn, xp=be.xp)
+
+
+_MATMUL = Op("matmul", _matmul, rule="matmul", device=_with_xp(_matmul))
+_LINEAR = Op("linear", _linear, rule="linear", device=_with_xp(_linear))
+_DOT = Op("dot", np.dot, rule="dot", device="dot")
+_EINSUM = Op(
+    "einsum",
+    lambda *ops, equation: np.einsum(equation, *ops),
+    rule="einsum",
+    device=lambda be: lambda *ops, equation: be.xp.einsum(equation, *ops),
+)
+_OUTER = Op("outer", np.outer, rule="outer", device="outer")
 OPS = {op.name: op for op in (_MATMUL, _DOT, _EINSUM, _OUTER, _LINEAR)}
 
 

@@ -50,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import autograd, comm
+from .. import autograd, backend, comm
 from .. import reshard as _reshard
 from ..accounting import outside_rules
 from ..placement import Partial
@@ -240,11 +240,15 @@ def write_region(target: DistTensor, ckey: tuple, value: Any) -> None:
     if not _writes_value(target, coord):
         target._local[src] = 0
         return
-    v = np.asarray(value)
+    be = backend.of(target._local)
+    if backend.is_device(value) and backend.of(value) is not be:
+        raise backend.mixed("x[key] = value", backend.of(value), be)
+    # a device target: the value copied in (an explicit write: Note [Array backends])
+    v = be.asarray(value) if be.device else np.asarray(value)
     if v.ndim == 0:
         target._local[src] = v
         return
-    v = np.broadcast_to(v.reshape(vshape), region)
+    v = be.xp.broadcast_to(v.reshape(vshape), region)
     target._local[src] = v[tuple(slice(s, s + n) for s, n in reg)]
 
 
@@ -264,6 +268,7 @@ def _write_advanced(target: DistTensor, key: tuple, value: Any) -> None:
     """Integer-array and boolean keys: every written element's global coordinates, found by
     numpy's own indexing of broadcast coordinate grids (so numpy decides the result's shape
     and checks the key), then each rank writes the elements its shard holds."""
+    backend.host_only("x[key] = value with an integer-array or boolean key", target, key, value)
     spec = target._spec
     if _local_mask(target, key, value):
         return
@@ -386,7 +391,7 @@ def write_out(
                 with autograd.no_grad():
                     result = reshard(result, out.mesh, out.placements)
             if out._spec.mesh.get_coord(comm.get_rank()) is not None:
-                np.copyto(out._local, result._local, casting="unsafe")
+                backend.xp(out._local).copyto(out._local, result._local, casting="unsafe")
             _written(out)
         else:
             with autograd.no_grad():

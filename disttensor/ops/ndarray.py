@@ -46,7 +46,7 @@ from typing import Any, ClassVar
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_index
 
-from .. import autograd, comm, creation
+from .. import autograd, backend, comm, creation
 from ..accounting import outside_rules
 from ..dispatch import fallback
 from ..placement import Replicate, Shard
@@ -206,12 +206,28 @@ def mT(x: DistTensor) -> DistTensor:
 
 
 def to_device(x: DistTensor, device: Any, stream: Any = None) -> DistTensor:
-    """``x.to_device("cpu")``: ``x`` itself, as numpy's only device is the CPU."""
+    """``x.to_device(device)``: ``x`` itself where its shards are there already, else a new
+    leaf whose shards are copies on ``device`` ("cpu", "gpu" or a registered device: Note
+    [Array backends] in backend.py), with ``x``'s spec; no communication.
+
+    >>> import numpy as np, disttensor as dt
+    >>> x = dt.shard_tensor(np.ones(2), dt.ProcessMesh([0]), [dt.Shard(0)])
+    >>> x.to_device("cpu") is x
+    True
+    """
     if stream is not None:
         raise ValueError("The stream argument in to_device() is not supported")
-    if device != "cpu":
-        raise ValueError(f"Unsupported device: {device}. Only 'cpu' is accepted.")
-    return x
+    src = backend.of(x._local)
+    try:
+        dst = backend.select(device)
+    except RuntimeError as e:  # "gpu" without CuPy or a GPU: numpy's error for a device
+        raise ValueError(f"Unsupported device: {device} ({e})") from None
+    if dst is src:
+        return x
+    local = backend.to_host(x._local) if src.device else x._local
+    if dst.device:
+        local = dst.from_host(local)
+    return DistTensor(local, x._spec)
 
 
 def set_real(x: DistTensor, value: Any) -> None:
@@ -266,6 +282,7 @@ def reshape(x: DistTensor, shape: Any, order: str = "C", copy: Any = None) -> Di
 
 def sort_in_place(x: DistTensor, axis: Any, kind: Any, order: Any, stable: Any) -> None:
     """``x.sort(axis)``: np.sort's result written into ``x`` (aliases see it)."""
+    backend.host_only("sort", x, axis, kind, order, stable)
     if axis is None:
         raise TypeError("'NoneType' object cannot be interpreted as an integer")
     mutation.check_writable(x, None, "sort")
@@ -274,6 +291,7 @@ def sort_in_place(x: DistTensor, axis: Any, kind: Any, order: Any, stable: Any) 
 
 def partition_in_place(x: DistTensor, kth: Any, axis: Any, kind: str, order: Any) -> None:
     """``x.partition(kth, axis)``: np.partition's result written into ``x``."""
+    backend.host_only("partition", x, kth, axis, kind, order)
     if axis is None:
         raise TypeError("'NoneType' object cannot be interpreted as an integer")
     mutation.check_writable(x, None, "partition")
@@ -351,6 +369,7 @@ def view(x: DistTensor, dtype: Any = None, type: Any = None) -> DistTensor:
 def getfield(x: DistTensor, dtype: Any, offset: int = 0) -> DistTensor:
     """``x.getfield(dtype, offset)``: each element's bytes at ``offset`` read as ``dtype``, on
     each shard (Partials reduced first: bits are not linear)."""
+    backend.host_only("getfield", x, dtype, offset)
     y = _plain(x)
     spec = y._spec.replace(dtype=np.dtype(dtype))
     np.empty(0, x.dtype).getfield(dtype, offset)  # numpy's errors, on every rank alike
@@ -360,6 +379,7 @@ def getfield(x: DistTensor, dtype: Any, offset: int = 0) -> DistTensor:
 
 def setfield(x: DistTensor, val: Any, dtype: Any, offset: int = 0) -> None:
     """``x.setfield(val, dtype, offset)``: written in place (aliases see it)."""
+    backend.host_only("setfield", x, val, dtype, offset)
     mutation.check_writable(x, val, "setfield")
     np.empty(0, x.dtype).getfield(dtype, offset)  # numpy's errors, on every rank alike
     if isinstance(val, DistTensor) or np.ndim(val) != 0:
@@ -375,6 +395,7 @@ def setfield(x: DistTensor, val: Any, dtype: Any, offset: int = 0) -> None:
 def byteswap(x: DistTensor, inplace: bool = False) -> DistTensor:
     """``x.byteswap()``: each shard's bytes swapped (Partials reduced first); ``inplace=True``
     writes the result into ``x`` (aliases see it) and returns ``x``."""
+    backend.host_only("byteswap", x, inplace)
     y = _plain(x)
     out = DistTensor(y._local.byteswap(), y._spec)
     if not inplace:
@@ -418,6 +439,7 @@ def _flat_indices(x: DistTensor, ind: Any, mode: str) -> np.ndarray:
 def put(x: DistTensor, indices: Any, values: Any, mode: str = "raise") -> None:
     """``x.put(indices, values, mode)``: flat positions set in place (values repeated as
     numpy does), each rank writing the positions it holds."""
+    backend.host_only("put", x, indices, values, mode)
     mutation.check_writable(x, values, "put")
     idx = _flat_indices(x, indices, mode)
     v = np.asarray(_gathered(values, "put")).ravel()
@@ -434,6 +456,7 @@ def resize(x: DistTensor, new_shape: Any, refcheck: bool = True) -> None:
     """``x.resize(new_shape)``: in place, as numpy: the elements in C order, cut or padded
     with zeros. The tensor gets a new shard and spec (its placements kept where they fit the
     new shape); every reference to ``x`` sees it, but not tensors made from ``x`` before."""
+    backend.host_only("resize", x, new_shape, refcheck)
     if new_shape is None:  # x.resize(): nothing to do
         return
     shape = (new_shape,) if isinstance(new_shape, (int, np.integer)) else tuple(new_shape)
@@ -616,6 +639,7 @@ def along_axis(x: DistTensor, axis: int, keep_partials: bool = False) -> DistTen
 
 def _lanes(name: str, x: DistTensor, axis: Any, fn: Callable, dtype: Any) -> DistTensor:
     """``fn(local, axis)`` on the shards with ``axis`` made whole; ``axis=None``: flattened."""
+    backend.host_only(name, x)
     if axis is None:
         x, axis = sh.ravel(x), 0
     axis = normalize_axis_index(operator.index(axis), x.ndim)
@@ -633,6 +657,7 @@ def _no_order(order: Any) -> None:
 def sort(a: Any, axis: Any = -1, kind: Any = None, order: Any = None, *, stable: Any = None):
     """``np.sort``: distributed along split axes, ops/sorting.py (imported here lazily: it
     builds on this module)."""
+    backend.host_only("sort", a, axis, kind, order)
     from . import sorting
 
     return sorting.sort(a, axis, kind, order, stable=stable)
@@ -640,6 +665,7 @@ def sort(a: Any, axis: Any = -1, kind: Any = None, order: Any = None, *, stable:
 
 def argsort(a: Any, axis: Any = -1, kind: Any = None, order: Any = None, *, stable: Any = None):
     """``np.argsort``: distributed along split axes, ops/sorting.py."""
+    backend.host_only("argsort", a, axis, kind, order)
     from . import sorting
 
     return sorting.argsort(a, axis, kind, order, stable=stable)
@@ -647,6 +673,7 @@ def argsort(a: Any, axis: Any = -1, kind: Any = None, order: Any = None, *, stab
 
 def partition(a: Any, kth: Any, axis: Any = -1, kind: str = "introselect", order: Any = None):
     """``np.partition``: each lane along ``axis`` on the rank holding it."""
+    backend.host_only("partition", a, kth, axis, kind, order)
     _no_order(order)
     if not isinstance(a, DistTensor):
         raise Unsupported("no DistTensor to partition")
@@ -656,6 +683,7 @@ def partition(a: Any, kth: Any, axis: Any = -1, kind: str = "introselect", order
 
 def argpartition(a: Any, kth: Any, axis: Any = -1, kind: str = "introselect", order: Any = None):
     """``np.argpartition``: each lane along ``axis`` on the rank holding it."""
+    backend.host_only("argpartition", a, kth, axis, kind, order)
     _no_order(order)
     if not isinstance(a, DistTensor):
         raise Unsupported("no DistTensor to partition")
@@ -667,6 +695,7 @@ def argpartition(a: Any, kth: Any, axis: Any = -1, kind: str = "introselect", or
 def take(a: Any, indices: Any, axis: Any = None, out: Any = None, mode: str = "raise"):
     """``np.take``: the axis made whole, the indices taken on every shard (the other axes keep
     their splits, Partials pass through: it only moves elements)."""
+    backend.host_only("take", a, indices, axis, out, mode)
     if out is not None or not isinstance(a, DistTensor):
         raise Unsupported("out= or no DistTensor")
     idx = np.asarray(_gathered(indices, "take"))

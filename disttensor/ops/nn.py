@@ -12,6 +12,10 @@ Note [Fused or composite]
 Lookups with a split table write zeros for the rows (classes) another rank owns and come out
 Partial(sum), with no communication (Megatron's vocabulary-parallel embedding and loss).
 
+The fused kernels are those of the top-level ``kernels`` package (docs/kernels.md): the numpy
+references on the host (they compute what these ops computed before, bit for bit), the CUDA
+programs on a GPU (``backend.kernels``).
+
 >>> import numpy as np, disttensor as dt
 >>> mesh = dt.ProcessMesh([0])
 >>> table = dt.shard_tensor(np.arange(6.0).reshape(3, 2), mesh, [dt.Shard(0)])
@@ -27,10 +31,13 @@ array([[-0.999995,  0.999995]])
 
 from __future__ import annotations
 
+import math
+from functools import partial
 from typing import Any
 
 import numpy as np
 
+from .. import backend
 from ..dispatch import KernelContext, Op
 from ..spec import DistSpec
 from ..spmd.nn_rules import normalize_axis
@@ -43,8 +50,9 @@ _REDUCTIONS = ("mean", "sum", "none")
 
 # -- helpers -------------------------------------------------------------------------------
 def _operand(a: Any) -> Any:
-    """DistTensors as they are; anything else as a numpy array (dispatch makes it Replicate)."""
-    return a if isinstance(a, DistTensor) else np.asarray(a)
+    """DistTensors and device arrays as they are; anything else as a numpy array (dispatch
+    makes it Replicate)."""
+    return a if isinstance(a, DistTensor) or backend.is_device(a) else np.asarray(a)
 
 
 def _splits(x: Any, axes) -> bool:
@@ -61,12 +69,17 @@ def _owned(ctx: KernelContext | None, i: int, axis: int, n: int) -> tuple[int, i
     return ctx.inputs[i].local_box(ctx.coord)[axis]
 
 
-def _check_index(idx: np.ndarray, n: int, what: str) -> np.ndarray:
+def _check_index(idx: Any, n: int, what: str, xp: Any = np) -> Any:
     """numpy indexing rules: [-n, n) with negatives from the end; else IndexError (a local
     check, as numpy's own: with sharded indices only the ranks holding a bad one raise)."""
     if idx.size and (idx.min() < -n or idx.max() >= n):
         raise IndexError(f"{what}: an index is out of range for an axis of length {n}")
-    return np.where(idx < 0, idx + n, idx)
+    return xp.where(idx < 0, idx + n, idx)
+
+
+def _with(fn):
+    """The device kernel factory of a kernel taking the backend as ``be``."""
+    return lambda be: partial(fn, be=be)
 
 
 def _check_integer(a: Any, what: str) -> None:
@@ -75,16 +88,36 @@ def _check_integer(a: Any, what: str) -> None:
 
 
 # -- layer_norm ------------------------------------------------------------------------------
-def _layer_norm_kernel(x, weight=None, bias=None, begin_norm_axis=-1, epsilon=1e-5):
-    axes = tuple(range(begin_norm_axis, x.ndim))
+def _layer_norm_kernel(
+    x, weight=None, bias=None, begin_norm_axis=-1, epsilon=1e-5, be=backend.NUMPY
+):
+    """kernels/layer_norm.py's forward over the last axis; several normalized axes are made
+    one (C-contiguous input: a view, and numpy's mean over the trailing axes coalesces them
+    into one loop, so the same sums)."""
+    forward = backend.kernels(be, "layer_norm")["layer_norm_forward"]
+    begin = begin_norm_axis % x.ndim
+    if begin == x.ndim - 1:
+        return forward(x, weight, bias, epsilon)[0]
+    if not x.flags.c_contiguous:  # a copy would sum in another order than numpy's own loop
+        return _layer_norm_axes(x, weight, bias, begin, epsilon, be.xp)
+    rows = x.shape[:begin] + (math.prod(x.shape[begin:]),)
+    w, b = (None if a is None else a.reshape(-1) for a in (weight, bias))
+    return forward(x.reshape(rows), w, b, epsilon)[0].reshape(x.shape)
+
+
+def _layer_norm_axes(x, weight, bias, begin, epsilon, xp):
+    """The forward of a strided input over several axes, with means over those axes."""
+    axes = tuple(range(begin, x.ndim))
     d = x - x.mean(axis=axes, keepdims=True)
-    y = d / np.sqrt((d * d).mean(axis=axes, keepdims=True) + epsilon)
+    y = d / xp.sqrt((d * d).mean(axis=axes, keepdims=True) + epsilon)
     if weight is not None:
         y = y * weight
     return y if bias is None else y + bias
 
 
-_LAYER_NORM = Op("layer_norm", _layer_norm_kernel, rule="layer_norm")
+_LAYER_NORM = Op(
+    "layer_norm", _layer_norm_kernel, rule="layer_norm", device=_with(_layer_norm_kernel)
+)
 
 
 def layer_norm(x, weight=None, bias=None, begin_norm_axis: int = -1, epsilon: float = 1e-5):
@@ -119,17 +152,19 @@ def layer_norm(x, weight=None, bias=None, begin_norm_axis: int = -1, epsilon: fl
 
 
 # -- embedding -------------------------------------------------------------------------------
-def _embedding_kernel(ids, weight, *, ctx: KernelContext | None = None):
+def _embedding_kernel(ids, weight, *, ctx: KernelContext | None = None, be=backend.NUMPY):
     start, n = _owned(ctx, 1, 0, weight.shape[0])
     vocab = weight.shape[0] if ctx is None else ctx.inputs[1].shape[0]
-    ids = _check_index(ids, vocab, "embedding")
-    out = np.zeros(ids.shape + weight.shape[1:], weight.dtype)
+    ids = _check_index(ids, vocab, "embedding", be.xp)
+    out = be.xp.zeros(ids.shape + weight.shape[1:], weight.dtype)
     mine = (ids >= start) & (ids < start + n)  # rows another rank owns stay zero
     out[mine] = weight[ids[mine] - start]
     return out
 
 
-_EMBEDDING = Op("embedding", _embedding_kernel, rule="embedding", ctx=True)
+_EMBEDDING = Op(
+    "embedding", _embedding_kernel, rule="embedding", ctx=True, device=_with(_embedding_kernel)
+)
 
 
 def embedding(ids, weight):
@@ -148,7 +183,9 @@ def embedding(ids, weight):
     return _EMBEDDING(ids, weight)
 
 
-def _embedding_grad_kernel(ids, g, vocab, like=(), *, ctx: KernelContext | None = None):
+def _embedding_grad_kernel(
+    ids, g, vocab, like=(), *, ctx: KernelContext | None = None, be=backend.NUMPY
+):
     """Rows of ``g`` added into a zero (vocab, dim) table at ``ids``; with the table's rows
     split, only the rows this rank owns (embedding_grad rule in spmd/nn_rules.py)."""
     start, n = 0, vocab
@@ -156,43 +193,58 @@ def _embedding_grad_kernel(ids, g, vocab, like=(), *, ctx: KernelContext | None 
         spec = ctx.inputs[1]
         out = DistSpec(spec.mesh, ctx.outputs[0], (vocab, spec.shape[-1]), spec.dtype)
         start, n = out.local_box(ctx.coord)[0]
-    ids = _check_index(ids, vocab, "embedding")
-    out_local = np.zeros((n, g.shape[-1]), g.dtype)
+    ids = _check_index(ids, vocab, "embedding", be.xp)
+    out_local = be.xp.zeros((n, g.shape[-1]), g.dtype)
     mine = (ids >= start) & (ids < start + n)
-    np.add.at(out_local, ids[mine] - start, g[mine])
+    be.scatter_add(out_local, ids[mine] - start, g[mine])
     return out_local
 
 
-EMBEDDING_GRAD = Op("embedding_grad", _embedding_grad_kernel, rule="embedding_grad", ctx=True)
+EMBEDDING_GRAD = Op(
+    "embedding_grad",
+    _embedding_grad_kernel,
+    rule="embedding_grad",
+    ctx=True,
+    device=_with(_embedding_grad_kernel),
+)
 
 
 # -- cross_entropy ---------------------------------------------------------------------------
-def _take_labels_kernel(x, labels, axis, *, ctx: KernelContext | None = None):
+def _take_labels_kernel(x, labels, axis, *, ctx: KernelContext | None = None, xp=np):
     start, n = _owned(ctx, 0, axis, x.shape[axis])
     classes = x.shape[axis] if ctx is None else ctx.inputs[0].shape[axis]
-    labels = _check_index(labels, classes, "cross_entropy: labels")
+    labels = _check_index(labels, classes, "cross_entropy: labels", xp)
     mine = (labels >= start) & (labels < start + n)  # classes another rank owns give zero
     if n == 0:
-        return np.zeros(labels.shape, x.dtype)
-    idx = np.expand_dims(np.where(mine, labels - start, 0), axis)
-    picked = np.take_along_axis(x, idx, axis).squeeze(axis)
-    return np.where(mine, picked, np.zeros((), x.dtype))
+        return xp.zeros(labels.shape, x.dtype)
+    idx = xp.expand_dims(xp.where(mine, labels - start, 0), axis)
+    picked = xp.take_along_axis(x, idx, axis).squeeze(axis)
+    return xp.where(mine, picked, xp.zeros((), x.dtype))
 
 
-_TAKE_LABELS = Op("take_labels", _take_labels_kernel, rule="take_labels", ctx=True)
+_TAKE_LABELS = Op(
+    "take_labels",
+    _take_labels_kernel,
+    rule="take_labels",
+    ctx=True,
+    device=lambda be: partial(_take_labels_kernel, xp=be.xp),
+)
 
 
-def _cross_entropy_kernel(logits, labels, axis):
-    """Per-sample ``logsumexp(x) - x[label]`` along ``axis``, shifted by the row max."""
-    x = np.moveaxis(logits, axis, -1).astype(np.result_type(logits, 1.0), copy=False)
-    labels = _check_index(labels, x.shape[-1], "cross_entropy: labels")
-    m = np.max(x, axis=-1, keepdims=True, initial=-np.inf)
-    m = np.where(np.isfinite(m), m, 0)  # all -inf (or no classes): do not shift by inf
-    lse = np.log(np.sum(np.exp(x - m), axis=-1)) + m[..., 0]
-    return lse - np.take_along_axis(x, labels[..., None], -1)[..., 0]
+def _cross_entropy_kernel(logits, labels, axis, be=backend.NUMPY):
+    """Per-sample ``logsumexp(x) - x[label]`` along ``axis``, shifted by the row max:
+    kernels/softmax_xent.py's forward with the class axis moved last."""
+    x = be.xp.moveaxis(logits, axis, -1)
+    labels = _check_index(labels, x.shape[-1], "cross_entropy: labels", be.xp)
+    return backend.kernels(be, "softmax_xent")["xent_forward"](x, labels)[0]
 
 
-_CROSS_ENTROPY = Op("cross_entropy", _cross_entropy_kernel, rule="cross_entropy")
+_CROSS_ENTROPY = Op(
+    "cross_entropy",
+    _cross_entropy_kernel,
+    rule="cross_entropy",
+    device=_with(_cross_entropy_kernel),
+)
 
 
 def cross_entropy(logits, labels, axis: int = -1, reduction: str = "mean"):

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_tuple
 
-from .. import autograd, comm
+from .. import autograd, backend, comm
 from ..placement import Partial, Replicate, Shard
 from ..spec import DistSpec
 from ..tensor import DistTensor, dtensor_from_local, reshard
@@ -211,6 +211,7 @@ def median(a, axis=None, out=None, overwrite_input=False, keepdims=False):
     >>> np.median(x).numpy(), np.median(x, axis=0).numpy()
     (array(2.5), array([4., 1.]))
     """
+    backend.host_only("median", a, axis, out, overwrite_input, keepdims)
     if out is not None or not isinstance(a, DistTensor):
         raise Unsupported("out= or not a DistTensor")
     nan = a.dtype.kind == "f"
@@ -303,6 +304,7 @@ def quantile(
     >>> np.quantile(x, [0.25, 0.5]).numpy(), np.percentile(x, 90, method="lower").numpy()
     (array([2.25, 4.5 ]), array(8.))
     """
+    backend.host_only("quantile", a, q, axis, out, overwrite_input, method, keepdims)
     if out is not None or not isinstance(a, DistTensor) or isinstance(q, DistTensor):
         raise Unsupported("out=, a numpy a or a DistTensor q")
     weak_q = type(q) in (int, float)
@@ -324,6 +326,7 @@ def percentile(
     weights=None,
 ):
     """``np.percentile``: ``quantile`` of ``q / 100``, as numpy divides it."""
+    backend.host_only("percentile", a, q, axis, out, overwrite_input, method, keepdims)
     if out is not None or not isinstance(a, DistTensor) or isinstance(q, DistTensor):
         raise Unsupported("out=, a numpy a or a DistTensor q")
     weak_q = type(q) in (int, float)

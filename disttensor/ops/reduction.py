@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import builtins
 import math
+from functools import partial
 
 import numpy as np
 
@@ -45,12 +46,16 @@ def _split_reduced(ctx: KernelContext | None, axes) -> int:
     )
 
 
-def _mean(x, axis=None, keepdims=False, *, ctx: KernelContext | None):
+def _mean(x, axis=None, keepdims=False, *, ctx: KernelContext | None, xp=None):
+    """``xp``: a device's array module (None: numpy, through ``np.add.reduce``)."""
     axes = _axes(axis, x.ndim)
     shape = x.shape if ctx is None else ctx.inputs[0].shape
     count = math.prod([shape[a] for a in axes])
     acc = np.float64 if x.dtype.kind in "biu" else None
-    total = np.add.reduce(x, axis=axes, dtype=acc, keepdims=keepdims)
+    if xp is None:
+        total = np.add.reduce(x, axis=axes, dtype=acc, keepdims=keepdims)
+    else:
+        total = xp.sum(x, axis=axes, dtype=acc, keepdims=keepdims)
     # Partial(avg) over k ranks: each holds k * (its sum) / count, so their average is the mean
     # exactly, with uneven shards too. (The operator: np.true_divide on a numpy scalar costs
     # a microsecond more.)
@@ -67,6 +72,47 @@ def _extreme(ufunc, fill):
     return kernel
 
 
+def _extreme_device(name: str, fill):
+    """``_extreme`` on a device: ``xp.max``/``xp.min``, which take no ``initial``: an empty
+    reduced region gives the identity (the only case where ``initial`` changes the result)."""
+
+    def factory(be):
+        reduce = getattr(be.xp, name)
+
+        def kernel(x, axis=None, keepdims=False, *, ctx: KernelContext | None):
+            axes = _axes(axis, x.ndim)
+            if builtins.any(x.shape[a] == 0 for a in axes) and _split_reduced(ctx, axes) > 1:
+                kept = [1 if a in axes else n for a, n in enumerate(x.shape)]
+                shape = kept if keepdims else [n for a, n in enumerate(x.shape) if a not in axes]
+                return be.xp.full(tuple(shape), fill(x.dtype), x.dtype)
+            return reduce(x, axis=axes, keepdims=keepdims)
+
+        return kernel
+
+    return factory
+
+
+def _whole(name: str) -> Op:
+    """A reduction the rule gives whole axes (prod, all, any, argmax, argmin): numpy's
+    function of that name on the host, the array module's on a device."""
+    f = getattr(np, name)
+
+    def device(be):
+        g = getattr(be.xp, name)
+        return lambda x, axis=None, keepdims=False: g(x, axis=axis, keepdims=keepdims)
+
+    return Op(
+        name,
+        lambda x, axis=None, keepdims=False: f(x, axis=axis, keepdims=keepdims),
+        rule=name,
+        device=device,
+    )
+
+
+def _extreme_op(name: str, ufunc, fill) -> Op:
+    return Op(name, _extreme(ufunc, fill), rule=name, ctx=True, device=_extreme_device(name, fill))
+
+
 def _lowest(dtype):
     return False if dtype.kind == "b" else np.iinfo(dtype).min if dtype.kind in "iu" else -np.inf
 
@@ -80,35 +126,14 @@ OPS = {
         "sum",
         lambda x, axis=None, keepdims=False: np.add.reduce(x, axis=axis, keepdims=keepdims),
         rule="sum",
+        device=lambda be: (
+            lambda x, axis=None, keepdims=False: be.xp.sum(x, axis=axis, keepdims=keepdims)
+        ),
     ),
-    "mean": Op("mean", _mean, rule="mean", ctx=True),
-    "max": Op("max", _extreme(np.maximum, _lowest), rule="max", ctx=True),
-    "min": Op("min", _extreme(np.minimum, _highest), rule="min", ctx=True),
-    "prod": Op(
-        "prod",
-        lambda x, axis=None, keepdims=False: np.prod(x, axis=axis, keepdims=keepdims),
-        rule="prod",
-    ),
-    "all": Op(
-        "all",
-        lambda x, axis=None, keepdims=False: np.all(x, axis=axis, keepdims=keepdims),
-        rule="all",
-    ),
-    "any": Op(
-        "any",
-        lambda x, axis=None, keepdims=False: np.any(x, axis=axis, keepdims=keepdims),
-        rule="any",
-    ),
-    "argmax": Op(
-        "argmax",
-        lambda x, axis=None, keepdims=False: np.argmax(x, axis=axis, keepdims=keepdims),
-        rule="argmax",
-    ),
-    "argmin": Op(
-        "argmin",
-        lambda x, axis=None, keepdims=False: np.argmin(x, axis=axis, keepdims=keepdims),
-        rule="argmin",
-    ),
+    "mean": Op("mean", _mean, rule="mean", ctx=True, device=lambda be: partial(_mean, xp=be.xp)),
+    "max": _extreme_op("max", np.maximum, _lowest),
+    "min": _extreme_op("min", np.minimum, _highest),
+    **{name: _whole(name) for name in ("prod", "all", "any", "argmax", "argmin")},
 }
 
 

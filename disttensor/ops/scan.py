@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_index
 
-from .. import autograd, comm
+from .. import autograd, backend, comm
 from ..dispatch import Op
 from ..placement import Replicate
 from ..tensor import DistTensor, dtensor_from_local, reshard
@@ -74,6 +74,7 @@ def result_dtype(kind: str, dtype: Any, dtype_arg: Any = None) -> np.dtype:
 def scan(kind: str, x: Any, axis: Any = None, dtype: Any = None, reverse: bool = False) -> Any:
     """cumsum (``kind="sum"``) or cumprod (``"prod"``) of ``x`` along ``axis`` (None: the
     raveled tensor); ``reverse``: from the end (cumsum only)."""
+    backend.host_only(f"cum{kind}", x)
     if not isinstance(x, DistTensor):  # numpy's own
         if axis is None:
             x, axis = np.ravel(x), 0

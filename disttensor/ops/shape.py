@@ -20,11 +20,12 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import numpy as np
 
-from .. import autograd, comm
+from .. import autograd, backend, comm
 from .. import reshard as _reshard
 from ..dispatch import KernelContext, Op, fallback
 from ..placement import Shard
@@ -67,22 +68,27 @@ def _relaid(out_shape):
     def kernel(x, *, ctx: KernelContext | None = None, **attrs):
         return np.reshape(x, _local(ctx, lambda: out_shape(_global_shape(x, ctx), **attrs)))
 
+    def device(x, *, ctx: KernelContext | None = None, **attrs):  # the method: any array
+        return x.reshape(_local(ctx, lambda: out_shape(_global_shape(x, ctx), **attrs)))
+
+    kernel.device = device
     return kernel
 
 
-def _broadcast_to(x, shape, scale=None, *, ctx: KernelContext | None = None):
+def _broadcast_to(x, shape, scale=None, *, ctx: KernelContext | None = None, xp=np):
     """``scale`` (internal, > 0, so Partials of every reduce type stay exact): the broadcast
-    times ``scale`` in one pass, the gradient of a mean (ops/gradients.py)."""
+    times ``scale`` in one pass, the gradient of a mean (ops/gradients.py). ``xp``: the
+    array module (a device's: Note [Array backends] in backend.py)."""
     out = _local(ctx, lambda: broadcast_shape(_global_shape(x, ctx), shape))
     # a copy, not numpy's read-only view: the result is a value of its own like other outputs;
     # filled by assignment (the shapes were checked above), ten times cheaper than
     # np.array(np.broadcast_to(x, out)) on small arrays
-    x = np.asarray(x)
-    result = np.empty(out, x.dtype)
+    x = xp.asarray(x)
+    result = xp.empty(out, x.dtype)
     if scale is None:
         result[...] = x
     else:  # x * scale as numpy computes it (NEP 50: a Python float keeps x's dtype)
-        np.multiply(x, scale, out=result)
+        xp.multiply(x, scale, out=result)
     return result
 
 
@@ -91,7 +97,7 @@ def _as_slice(r: range) -> slice:
     return slice(r.start, r.stop if r.stop >= 0 else None, r.step)
 
 
-def _getitem(x, key, *, ctx: KernelContext | None = None):
+def _getitem(x, key, *, ctx: KernelContext | None = None, xp=np):
     """``x[key]`` for a canonical key, translated to this rank's shard. On an axis the rule
     left sharded but the key selects from, the rank writes the items it holds into zeros
     (the output is Partial(sum) there); an int held by another rank gives all zeros."""
@@ -113,7 +119,7 @@ def _getitem(x, key, *, ctx: KernelContext | None = None):
         axis += 1
         if isinstance(k, int):
             if not start <= k < start + n:
-                return np.zeros(out_shape, x.dtype)
+                return xp.zeros(out_shape, x.dtype)
             src.append(k - start)
         elif k == whole:  # kept as it is, sharded or not
             src.append(slice(None))
@@ -127,15 +133,15 @@ def _getitem(x, key, *, ctx: KernelContext | None = None):
     piece = x[tuple(src)]
     if piece.shape == out_shape:  # this rank holds all of its output shard
         return piece
-    out = np.zeros(out_shape, x.dtype)
+    out = xp.zeros(out_shape, x.dtype)
     out[tuple(dst)] = piece
     return out
 
 
-def _getitem_grad(g, key, shape, *, ctx: KernelContext | None = None):
+def _getitem_grad(g, key, shape, *, ctx: KernelContext | None = None, xp=np):
     """``g`` written at ``key`` into zeros of ``shape`` (the gradient of getitem). Axes the
     rule kept sharded were taken whole, so they line up with this rank's shard of ``g``."""
-    out = np.zeros(_local(ctx, lambda: shape), g.dtype)
+    out = xp.zeros(_local(ctx, lambda: shape), g.dtype)
     idx: list[Any] = []
     kept: list[int] = []
     axis = 0
@@ -156,39 +162,70 @@ def _getitem_grad(g, key, shape, *, ctx: KernelContext | None = None):
     return out
 
 
+def _xp(fn):
+    """The device kernel factory of a kernel written with an ``xp`` argument."""
+    return lambda be: partial(fn, xp=be.xp)
+
+
+def _relaid_op(name: str, out_shape) -> Op:
+    kernel = _relaid(out_shape)
+    return Op(name, kernel, rule=name, ctx=True, device=lambda be: kernel.device)
+
+
 OPS: dict[str, Op] = {
-    "getitem_grad": Op("getitem_grad", _getitem_grad, rule="getitem_grad", ctx=True),
-    "reshape": Op(
-        "reshape", _relaid(lambda s, shape: reshape_shape(s, shape)), rule="reshape", ctx=True
+    "getitem_grad": Op(
+        "getitem_grad", _getitem_grad, rule="getitem_grad", ctx=True, device=_xp(_getitem_grad)
     ),
-    "expand_dims": Op(
-        "expand_dims",
-        _relaid(lambda s, axis: expand_dims_shape(s, axis)),
-        rule="expand_dims",
-        ctx=True,
+    "reshape": _relaid_op("reshape", lambda s, shape: reshape_shape(s, shape)),
+    "expand_dims": _relaid_op("expand_dims", lambda s, axis: expand_dims_shape(s, axis)),
+    "squeeze": _relaid_op("squeeze", lambda s, axis=None: squeeze_shape(s, axis)),
+    "transpose": Op(
+        "transpose",
+        lambda x, axes=None: np.transpose(x, axes),
+        rule="transpose",
+        device=lambda be: lambda x, axes=None: be.xp.transpose(x, axes),
     ),
-    "squeeze": Op(
-        "squeeze", _relaid(lambda s, axis=None: squeeze_shape(s, axis)), rule="squeeze", ctx=True
-    ),
-    "transpose": Op("transpose", lambda x, axes=None: np.transpose(x, axes), rule="transpose"),
     "swapaxes": Op(
-        "swapaxes", lambda x, axis1, axis2: np.swapaxes(x, axis1, axis2), rule="swapaxes"
+        "swapaxes",
+        lambda x, axis1, axis2: np.swapaxes(x, axis1, axis2),
+        rule="swapaxes",
+        device="swapaxes",
     ),
-    "broadcast_to": Op("broadcast_to", _broadcast_to, rule="broadcast_to", ctx=True),
-    "tile": Op("tile", lambda x, reps: np.tile(x, reps), rule="tile"),
-    "repeat": Op("repeat", lambda x, repeats, axis: np.repeat(x, repeats, axis), rule="repeat"),
+    "broadcast_to": Op(
+        "broadcast_to", _broadcast_to, rule="broadcast_to", ctx=True, device=_xp(_broadcast_to)
+    ),
+    "tile": Op("tile", lambda x, reps: np.tile(x, reps), rule="tile", device="tile"),
+    "repeat": Op(
+        "repeat",
+        lambda x, repeats, axis: np.repeat(x, repeats, axis),
+        rule="repeat",
+        device=lambda be: lambda x, repeats, axis: be.xp.repeat(x, repeats, axis),
+    ),
     # array_split: the same pieces as split (the rule checked the division), and the right
     # number of them from the stand-ins of a rank outside the mesh too
     "split": Op(
         "split",
         lambda x, indices_or_sections, axis: tuple(np.array_split(x, indices_or_sections, axis)),
         rule="split",
+        device=lambda be: (
+            lambda x, indices_or_sections, axis: tuple(
+                be.xp.array_split(x, indices_or_sections, axis)
+            )
+        ),
     ),
     "concatenate": Op(
-        "concatenate", lambda *xs, axis: np.concatenate(xs, axis), rule="concatenate"
+        "concatenate",
+        lambda *xs, axis: np.concatenate(xs, axis),
+        rule="concatenate",
+        device=lambda be: lambda *xs, axis: be.xp.concatenate(xs, axis),
     ),
-    "stack": Op("stack", lambda *xs, axis: np.stack(xs, axis), rule="stack"),
-    "getitem": Op("getitem", _getitem, rule="getitem", ctx=True),
+    "stack": Op(
+        "stack",
+        lambda *xs, axis: np.stack(xs, axis),
+        rule="stack",
+        device=lambda be: lambda *xs, axis: be.xp.stack(xs, axis),
+    ),
+    "getitem": Op("getitem", _getitem, rule="getitem", ctx=True, device=_xp(_getitem)),
 }
 # Every op here only moves elements, so a Partial of any type and dtype passes through exactly
 # (Note [Shape ops move elements]); dispatch then need not resolve bool Partials first.
@@ -266,7 +303,9 @@ def split(x, indices_or_sections, axis=0):
 
 
 def _operands(arrays) -> list:
-    return [a if isinstance(a, DistTensor) else np.asarray(a) for a in arrays]
+    """DistTensors and device arrays as they are; anything else as a numpy array."""
+    return [a if isinstance(a, DistTensor) or backend.is_device(a) else np.asarray(a)
+            for a in arrays]  # fmt: skip
 
 
 def concatenate(arrays, axis=0):
@@ -344,17 +383,18 @@ def _sliced_split(x: DistTensor, ckey: tuple) -> DistTensor | None:
     )
     piece = _reshard.fetch(x._local, spec, wants)
     coord = mesh.get_coord(comm.get_rank())
+    xp = backend.xp(x._local)  # the shards' array module (Note [Array backends])
     if coord is None:
-        local = np.empty(out_spec.local_shape(None), spec.dtype)
+        local = xp.empty(out_spec.local_shape(None), spec.dtype)
     else:
         box = dict(wants)[comm.get_rank()]
         local = piece[_within_box(ckey, where, out_spec.local_box(coord), box)]
-        local = np.ascontiguousarray(local) if local.base is not None else local
+        local = xp.ascontiguousarray(local) if local.base is not None else local
     out = DistTensor(local.reshape(out_spec.local_shape(coord)), out_spec)
     if x.requires_grad and autograd.is_grad_enabled():
 
         def backward(grads):
-            zeros = DistTensor(np.zeros(spec.local_shape(coord), spec.dtype), spec)
+            zeros = DistTensor(xp.zeros(spec.local_shape(coord), spec.dtype), spec)
             mutation.write_region(zeros, ckey, grads[0])
             return (zeros,)
 

@@ -59,7 +59,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_index
 
-from .. import autograd, comm
+from .. import autograd, backend, comm
 from ..placement import Partial, Replicate, Shard
 from ..spec import DistSpec
 from ..tensor import DistTensor, reshard
@@ -458,6 +458,7 @@ def sort(a, axis=-1, kind=None, order=None, *, stable=None):
     (array([[2, 1],
            [3, 9]]), array([1, 2, 3, 9]))
     """
+    backend.host_only("sort", a, axis, kind, order)
     _checked(a, kind, order, stable, np.sort)
     p = plan(a, axis)
     x = p.x
@@ -478,6 +479,7 @@ def argsort(a, axis=-1, kind=None, order=None, *, stable=None):
     >>> dt.argsort(x).numpy()
     array([2, 0, 3, 1])
     """
+    backend.host_only("argsort", a, axis, kind, order)
     _checked(a, kind, order, stable, np.argsort)
     p = plan(a, axis)
     _, idx = sorted_shard(p, False, True)
@@ -495,6 +497,7 @@ def searchsorted(a, v, side="left", sorter=None):
     >>> np.searchsorted(a, [2.0, 9.0]).numpy(), int(a.searchsorted(2.0, side="right"))
     (array([1, 4]), 3)
     """
+    backend.host_only("searchsorted", a, v, side, sorter)
     if sorter is not None:
         raise Unsupported("sorter=")
     vdtype = v.dtype if isinstance(v, DistTensor) else np.asarray(v).dtype

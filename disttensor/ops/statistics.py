@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_index
 
-from .. import comm
+from .. import backend, comm
 from ..placement import Partial, Replicate
 from ..tensor import DistTensor, dtensor_from_local, reshard
 from . import linalg as la
@@ -87,6 +87,7 @@ def norm(x, ord=None, axis=None, keepdims=False):
     >>> float(norm(x)), norm(x, 1, axis=0).numpy(), float(norm(x, np.inf))
     (5.477225575051661, array([4., 6.]), 7.0)
     """
+    backend.host_only("norm", x, ord, axis, keepdims)
     if not isinstance(x, DistTensor):
         raise Unsupported("not a DistTensor")
     if x.dtype.kind not in "fc":
@@ -189,6 +190,7 @@ def isclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False):
     >>> dt.isclose(x, [1.0 + 1e-9, np.nan, 3.1], equal_nan=True).numpy()
     array([ True,  True, False])
     """
+    backend.host_only("isclose", a, b, rtol, atol, equal_nan)
     if isinstance(rtol, DistTensor) or isinstance(atol, DistTensor):
         raise Unsupported("DistTensor tolerances")
     x, y, atol, rtol = (_array(v) for v in (a, b, atol, rtol))
@@ -220,6 +222,7 @@ def allclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False) -> bool:
     >>> dt.allclose(x, np.arange(4.0) + 1e-9), dt.allclose(x, 0.0)
     (True, False)
     """
+    backend.host_only("allclose", a, b, rtol, atol, equal_nan)
     res = isclose(a, b, rtol, atol, equal_nan)
     return builtins.bool(red.all(res) if isinstance(res, DistTensor) else np.all(res))
 
@@ -240,6 +243,7 @@ def array_equal(a1, a2, equal_nan=False) -> bool:
     >>> dt.array_equal(x, x), dt.array_equal(x, [1.0, np.nan], equal_nan=True)
     (False, True)
     """
+    backend.host_only("array_equal", a1, a2, equal_nan)
     try:
         a1, a2 = _as_array(a1), _as_array(a2)
     except Exception:
@@ -264,6 +268,7 @@ def array_equiv(a1, a2) -> bool:
     >>> dt.array_equiv(x, [1.0, 1.0]), dt.array_equiv(x, np.ones(3))
     (True, False)
     """
+    backend.host_only("array_equiv", a1, a2)
     try:
         a1, a2 = _as_array(a1), _as_array(a2)
     except Exception:
@@ -305,6 +310,7 @@ def count_nonzero(a, axis=None, *, keepdims=False):
     >>> dt.count_nonzero(x), dt.count_nonzero(x, axis=0).numpy()
     (np.int64(3), array([1, 1, 1]))
     """
+    backend.host_only("count_nonzero", a, axis)
     if not isinstance(a, DistTensor):
         return np.count_nonzero(a, axis=axis, keepdims=keepdims)
     if isinstance(axis, list):
@@ -339,6 +345,7 @@ def cov(m, y=None, rowvar=True, bias=False, ddof=None, fweights=None, aweights=N
     array([[ 1., -1.],
            [-1.,  1.]])
     """
+    backend.host_only("cov", m, y, rowvar, bias, ddof, fweights, aweights)
     if y is not None or fweights is not None or aweights is not None:
         raise Unsupported("y=, fweights= or aweights=")
     if not isinstance(m, DistTensor):
@@ -388,6 +395,7 @@ def corrcoef(x, y=None, rowvar=True, *, dtype=None):
     array([[ 1.    , -0.9608],
            [-0.9608,  1.    ]])
     """
+    backend.host_only("corrcoef", x, y, rowvar)
     if y is not None:
         raise Unsupported("y=")
     if not isinstance(x, DistTensor):
@@ -447,6 +455,7 @@ def histogram(a, bins=10, range=None, density=None, weights=None):
     >>> h.numpy(), e.numpy()
     (array([3, 1]), array([0.5 , 2.25, 4.  ]))
     """
+    backend.host_only("histogram", a, bins, range, density, weights)
     if not isinstance(a, DistTensor):
         raise Unsupported("not a DistTensor")
     if a.dtype.kind not in "iuf":

@@ -37,7 +37,7 @@ import operator
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_index
 
-from .. import autograd, comm
+from .. import autograd, backend, comm
 from ..placement import Replicate
 from ..spec import DistSpec
 from ..tensor import DistTensor
@@ -162,6 +162,7 @@ def unique(
     >>> [t.numpy() for t in dt.unique(x, return_index=True, return_inverse=True)]
     [array([-0.,  2., nan]), array([1, 0, 4]), array([1, 0, 1, 0, 2])]
     """
+    backend.host_only("unique", ar, return_index, return_inverse, return_counts, axis)
     if not isinstance(ar, DistTensor):
         raise Unsupported("not a DistTensor")
     if axis is not None:

@@ -7,6 +7,9 @@ Note [Optimizer placements]
     local shards, with no communication, and the optimizer state (momentum, Adam moments)
     has exactly the parameter's placements: a column-sharded weight keeps a column-sharded
     Adam state. The update writes into the parameter's shard, so the model sees it.
+    Adam and AdamW run kernels/adam.py's fused update (the numpy reference on the host, bit
+    for bit the update written out; the CUDA program on a GPU: backend.kernels), on the
+    shards where they live.
 
 >>> import numpy as np, disttensor as dt
 >>> w = dt.nn.Parameter(dt.ones((2,), mesh=dt.ProcessMesh([0])))
@@ -24,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import comm
+from .. import backend, comm
 from ..autograd import finish_grads, no_grad, note_mutation
 from ..comm import agree
 from ..tensor import DistTensor, reshard, shard_tensor
@@ -88,8 +91,9 @@ class Optimizer:
         """Local shards of this parameter's state tensors (zeros at first), with its spec."""
         st = self.state.get(id(p))
         if st is None:
+            local = p.to_local()  # the state lives where the parameter does
             st = self.state[id(p)] = {
-                n: DistTensor(np.zeros_like(p.to_local()), p.spec) for n in names
+                n: DistTensor(backend.xp(local).zeros_like(local), p.spec) for n in names
             }
         return [st[n].to_local() for n in names]
 
@@ -217,6 +221,8 @@ def _state_like(value: Any, p: DistTensor) -> DistTensor:
         local = value.to_local()
     else:
         local = shard_tensor(np.asarray(value), p.mesh, p.placements).to_local()
+    if backend.is_device(local):
+        return DistTensor(local.astype(p.dtype, copy=True), p.spec)
     return DistTensor(np.array(local, dtype=p.dtype, copy=True), p.spec)
 
 
@@ -280,9 +286,19 @@ class Adam(Optimizer):
         self.weight_decay = self.default_weight_decay if weight_decay is None else weight_decay
 
     def update(self, p, w, g, lr):
+        m, v = self._state(p, "exp_avg", "exp_avg_sq")
+        if w.dtype.kind == "f":  # the fused kernel (real floats)
+            be = backend.of(w)
+            if be.device and not g.flags.c_contiguous:  # the CUDA kernel indexes flat
+                g = be.xp.ascontiguousarray(g)
+            adam = backend.kernels(be, "adam")["adam_update"]
+            hyper = {"beta1": self.beta1, "beta2": self.beta2, "eps": self.eps}
+            adam(w, g, m, v, step=self.step_count, lr=lr, **hyper,
+                 weight_decay=self.weight_decay, decoupled=self.decoupled)  # fmt: skip
+            return
+        # complex parameters: the same update written out
         if self.weight_decay and not self.decoupled:
             g = g + self.weight_decay * w
-        m, v = self._state(p, "exp_avg", "exp_avg_sq")
         b1, b2, t = self.beta1, self.beta2, self.step_count
         m *= b1
         m += (1 - b1) * g

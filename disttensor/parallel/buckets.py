@@ -26,6 +26,10 @@ Note [Gradient buckets]
       is a mean over the global batch, and its gradient divides by the global batch size):
       nothing is scaled per rank. Gradient merge divides the reduced bucket by the number
       of accumulated micro-steps: one multiply on the flat buffer, after the reduction.
+    * Kernels. Packing and unpacking are kernels/bucket.py's ``bucket_pack`` and
+      ``bucket_unpack`` (the numpy references on the host, the CUDA programs on a GPU:
+      backend.kernels), with the layout's offsets from ``bucket_offsets``; the buffer lives
+      where the gradients do.
 """
 
 from __future__ import annotations
@@ -36,7 +40,9 @@ from typing import Any
 
 import numpy as np
 
-from .. import comm
+from kernels.bucket import bucket_offsets
+
+from .. import backend, comm
 from ..comm.agree import doing
 from ..placement import Replicate
 from ..spec import DistSpec
@@ -54,16 +60,17 @@ class Member:
     offset: int
     size: int
     shape: tuple[int, ...]  # local shape
-    view: np.ndarray | None = None  # its place in the bucket's buffer, made once per layout
 
 
 @dataclass
 class Bucket:
     key: tuple  # (partial mesh dims, dtype, reduce type)
     group: Any  # the communicator over the key's mesh dims that holds this rank
+    on: backend.Backend = backend.NUMPY  # where the gradients, and so the buffer, live
     members: list[Member] = field(default_factory=list)
     size: int = 0  # elements
-    buffer: np.ndarray | None = None
+    buffer: Any = None
+    offsets: np.ndarray | None = None  # kernels/bucket.py's layout: member k at [o[k], o[k+1])
     work: Any = None  # the reduction in flight
     present: list[bool] = field(default_factory=list)  # per member: packed this round
     filled: int = 0  # members accounted for this round (packed, or known absent)
@@ -185,7 +192,7 @@ class Reducer:
                 b = None
         if b is None:
             group = comm.group(group_ranks(self.mesh, key[0], comm.get_rank()))
-            b = self.building[key] = Bucket(key, group)
+            b = self.building[key] = Bucket(key, group, backend.of(g._local))
         b.add(p, g._spec, reduced_spec(g._spec, key[0]), g._local.shape)
         b.present.append(True)
         b.filled += 1
@@ -193,9 +200,8 @@ class Reducer:
 
     def _close(self, b: Bucket) -> None:
         del self.building[b.key]
-        b.buffer = np.empty(b.size, np.dtype(b.key[1]))
-        for m in b.members:
-            m.view = b.buffer[m.offset : m.offset + m.size].reshape(m.shape)
+        b.buffer = b.on.xp.empty(b.size, np.dtype(b.key[1]))
+        b.offsets = bucket_offsets([m.shape for m in b.members])  # host arithmetic
         self.buckets.append(b)
 
     def end_of_backward(self, launch: bool) -> None:
@@ -241,8 +247,8 @@ class Reducer:
 
     def _launch(self, b: Bucket, blocking: bool) -> None:
         buf = b.buffer
-        for m, here in zip(b.members, b.present):
-            m.view[...] = m.param.grad._local if here else 0
+        grads = [m.param.grad._local if here else None for m, here in zip(b.members, b.present)]
+        backend.kernels(b.on, "bucket")["bucket_pack"](grads, buf, b.offsets)  # absent: zeros
         b.launched = True
         with doing(_label, self.mesh, b):  # names the reduction (diverged ranks, dt.explain)
             if blocking:
@@ -264,11 +270,13 @@ class Reducer:
             if b.work is not None:
                 b.work.wait()
                 b.work = None
-            if scale != 1.0:
-                b.buffer *= scale
-            for m, here in zip(b.members, b.present):
+            # views into the buffer, scaled in place
+            views = backend.kernels(b.on, "bucket")["bucket_unpack"](
+                b.buffer, b.offsets, [m.shape for m in b.members], scale
+            )
+            for m, here, view in zip(b.members, b.present, views):
                 if here:
-                    m.param.grad = DistTensor(m.view, m.reduced)
+                    m.param.grad = DistTensor(view, m.reduced)
                     done.add(id(m.param))
             b.launched = False
         return done
