@@ -219,16 +219,22 @@ def _call(op: Op, *args: Any, **attrs: Any) -> Any:
     if entry is not None:
         last = entry.last  # set only where the plan moves nothing and has one output
         if last is not None and last[0] is _comm_ctx.world:
-            if not _DEVICE or (t := type(first)) not in _DEVICE:
-                t, kernel = _ND, op.kernel
+            if not _DEVICE or (t := type(first)) not in _DEVICE:  # host shards: numpy
+                t = _ND
+                if last[2] is None:
+                    result = op.kernel(*kargs, **attrs)
+                else:
+                    result = op.kernel(*kargs, ctx=last[2], **attrs)
+                if type(result) is not _ND:
+                    result = np.asarray(result)
             else:
                 kernel = device_kernel(op, t)
-            if last[2] is None:
-                result = kernel(*kargs, **attrs)
-            else:
-                result = kernel(*kargs, ctx=last[2], **attrs)
-            if type(result) is not t:
-                result = np.asarray(result) if t is _ND else _as_array(result, t)
+                if last[2] is None:
+                    result = kernel(*kargs, **attrs)
+                else:
+                    result = kernel(*kargs, ctx=last[2], **attrs)
+                if type(result) is not t:
+                    result = _as_array(result, t)
             if result.dtype is last[3] and result.shape == last[5]:
                 out = DistTensor(result, last[4])
                 if grad and last[6] and autograd._state.enabled:
