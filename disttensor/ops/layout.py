@@ -963,24 +963,31 @@ def flatnonzero(a):
 
 
 # -- numpy functions (Note [numpy functions by identity] in ops/numpy_interop.py) --------------
-@implements(np.flip, name="flip")
-def _np_flip(given):
-    return flip(_tensor(given["m"], "flip"), given.get("axis"))
+def _adapt(func: Callable, ours: Callable, first: str) -> None:
+    """``func`` (numpy's) on a DistTensor runs ``ours``, whose parameters are numpy's names:
+    the tensor argument ``first`` is checked, the others are passed as given."""
+
+    @implements(func, name=func.__name__)
+    def impl(given):
+        rest = {k: v for k, v in given.items() if k != first}
+        return ours(_tensor(given[first], func.__name__), **rest)
 
 
-@implements(np.fliplr, name="fliplr")
-def _np_fliplr(given):
-    return fliplr(_tensor(given["m"], "fliplr"))
-
-
-@implements(np.flipud, name="flipud")
-def _np_flipud(given):
-    return flipud(_tensor(given["m"], "flipud"))
-
-
-@implements(np.roll, name="roll")
-def _np_roll(given):
-    return roll(_tensor(given["a"], "roll"), given["shift"], given.get("axis"))
+for _func, _ours, _first in (
+    (np.flip, flip, "m"),
+    (np.fliplr, fliplr, "m"),
+    (np.flipud, flipud, "m"),
+    (np.roll, roll, "a"),
+    (np.diff, diff, "a"),
+    (np.tril, tril, "m"),
+    (np.triu, triu, "m"),
+    (np.diag, diag, "v"),
+    (np.diagonal, diagonal, "a"),
+    (np.nonzero, nonzero, "a"),
+    (np.argwhere, argwhere, "a"),
+    (np.flatnonzero, flatnonzero, "a"),
+):
+    _adapt(_func, _ours, _first)
 
 
 @implements(np.pad, name="pad")
@@ -991,39 +998,6 @@ def _np_pad(given):
         given.get("mode", "constant"),
         **given.get("kwargs", {}),
     )
-
-
-@implements(np.diff, name="diff")
-def _np_diff(given):
-    a = _tensor(given["a"], "diff")
-    return diff(
-        a,
-        given.get("n", 1),
-        given.get("axis", -1),
-        given.get("prepend", np._NoValue),
-        given.get("append", np._NoValue),
-    )
-
-
-@implements(np.tril, name="tril")
-def _np_tril(given):
-    return tril(_tensor(given["m"], "tril"), given.get("k", 0))
-
-
-@implements(np.triu, name="triu")
-def _np_triu(given):
-    return triu(_tensor(given["m"], "triu"), given.get("k", 0))
-
-
-@implements(np.diag, name="diag")
-def _np_diag(given):
-    return diag(_tensor(given["v"], "diag"), given.get("k", 0))
-
-
-@implements(np.diagonal, name="diagonal")
-def _np_diagonal(given):
-    a = _tensor(given["a"], "diagonal")
-    return diagonal(a, given.get("offset", 0), given.get("axis1", 0), given.get("axis2", 1))
 
 
 @implements(np.trace, name="trace")
@@ -1051,21 +1025,6 @@ def _np_where(given):
     if len(given) != 3:
         raise Unsupported("numpy's error for only one of x and y")
     return _where(given["condition"], given["x"], given["y"])
-
-
-@implements(np.nonzero, name="nonzero")
-def _np_nonzero(given):
-    return nonzero(_tensor(given["a"], "nonzero"))
-
-
-@implements(np.argwhere, name="argwhere")
-def _np_argwhere(given):
-    return argwhere(_tensor(given["a"], "argwhere"))
-
-
-@implements(np.flatnonzero, name="flatnonzero")
-def _np_flatnonzero(given):
-    return flatnonzero(_tensor(given["a"], "flatnonzero"))
 
 
 def _stacking(func: Callable, ours: Callable) -> None:
