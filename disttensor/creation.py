@@ -27,11 +27,10 @@ from typing import Any
 import numpy as np
 
 from . import _philox, backend, comm
-from .comm import agree
 from .mesh import ProcessMesh
 from .placement import Placement, Replicate
 from .spec import DistSpec
-from .tensor import DistTensor, check_world, from_spec_block
+from .tensor import DistTensor, agree_on_mesh, check_world, from_spec_block
 
 
 def _spec(
@@ -167,11 +166,10 @@ def _random(draw, kind: int, name: str):
             raise TypeError(f"{name}: dtype must be float32 or float64, got {dtype}")
         spec = _spec(shape, dtype, mesh, placements, name)
         s, stream = _draw(kind, seed)
-        if agree.CHECK and spec.mesh.size > 1 and comm.get_rank() in spec.mesh:
-            # Note [Replicas agree] in tensor.py: every rank draws its shard of the same stream
-            comm.group(tuple(spec.mesh.process_ids)).agree(
-                "random draw", (f"seed {s}", f"stream {stream}", spec.shape, spec.placements)
-            )
+        # Note [Replicas agree] in tensor.py: every rank draws its shard of the same stream
+        agree_on_mesh(
+            spec.mesh, "random draw", (f"seed {s}", f"stream {stream}", spec.shape, spec.placements)
+        )
         return from_spec_block(
             lambda sl: draw(s, stream, spec.shape, sl, dtype), spec, requires_grad
         )

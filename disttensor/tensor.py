@@ -973,16 +973,25 @@ def shard_tensor(
 # src=r no rank but r needs the data: the ranks learn its shape and dtype from r (one small
 # all-gather of metadata) and each receives its shard point to point, as a move from the
 # 1-rank mesh [r] (reshard.fetch).
+def agree_on_mesh(mesh: ProcessMesh, what: str, key: tuple, force: bool = False) -> None:
+    """Note [Replicas agree]: the ranks of ``mesh`` check that they pass the same ``key``
+    for ``what`` (``RanksDiverged`` on every rank otherwise). Nothing on a 1-rank mesh, on
+    ranks outside it, or with the check off (unless ``force``: the caller asked for it).
+    Collective over the mesh."""
+    if (agree.CHECK or force) and mesh.size > 1 and comm.get_rank() in mesh:
+        comm.group(tuple(mesh.process_ids)).agree(what, key)
+
+
 def _agree_on(spec: DistSpec, what: str, values: np.ndarray | None = None) -> None:
-    """Note [Replicas agree]: the ranks of ``spec``'s mesh check they hold the same spec
-    (and a checksum of ``values`` when given). Collective over the mesh."""
+    """The ranks of ``spec``'s mesh check they hold the same spec (and a checksum of
+    ``values`` when given: asked for, so checked even with the check off)."""
     if not (agree.CHECK or values is not None) or comm.get_rank() not in spec.mesh:
         return
     key: tuple = (spec.shape, spec.dtype, spec.placements)
     if values is not None:
         host = np.ascontiguousarray(backend.to_host(values))
         key += (f"crc32 {zlib.crc32(host.view(np.uint8)):#010x}",)
-    comm.group(tuple(spec.mesh.process_ids)).agree(what, key)
+    agree_on_mesh(spec.mesh, what, key, force=True)
 
 
 def _from_rank(data, mesh, placements, dtype, requires_grad, src) -> DistTensor:
@@ -1047,11 +1056,9 @@ def dtensor_from_local(
         spec = DistSpec.make(mesh, placements, global_shape, local.dtype, what="dtensor_from_local")
         want = spec.local_shape(coord)
         bad = coord is not None and local.shape != want
-        if agree.CHECK and coord is not None:  # Note [Replicas agree]; a wrong shard too, so
-            fit = f"local shape {local.shape} where {want} fits" if bad else "local shape fits"
-            comm.group(tuple(mesh.process_ids)).agree(  # every rank raises, naming it
-                "dtensor_from_local", (spec.shape, spec.dtype, spec.placements, fit)
-            )
+        # Note [Replicas agree]; whether the shard fits too, so every rank raises, naming it
+        fit = f"local shape {local.shape} where {want} fits" if bad else "local shape fits"
+        agree_on_mesh(mesh, "dtensor_from_local", (spec.shape, spec.dtype, spec.placements, fit))
         if bad:
             raise ValueError(
                 f"dtensor_from_local: rank {rank} passed a local shape {local.shape} but global "

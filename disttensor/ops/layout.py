@@ -768,10 +768,15 @@ def _operand(a: Any) -> Any:
     return a if isinstance(a, DistTensor) or backend.is_device(a) else np.asarray(a)
 
 
+def _each(fn: Callable, arys: tuple) -> Any:
+    """``fn`` of every array, numpy's way: the one result, or a tuple of them."""
+    out = [fn(a) for a in map(_operand, arys)]
+    return out[0] if len(out) == 1 else tuple(out)
+
+
 def atleast_1d(*arys):
     """``np.atleast_1d``: a 0-d tensor reshaped to (1,) (never any communication)."""
-    out = [sh.reshape(a, (1,)) if a.ndim == 0 else a for a in map(_operand, arys)]
-    return out[0] if len(out) == 1 else tuple(out)
+    return _each(lambda a: sh.reshape(a, (1,)) if a.ndim == 0 else a, arys)
 
 
 def _at_least_2d(a: Any) -> Any:
@@ -782,8 +787,7 @@ def _at_least_2d(a: Any) -> Any:
 
 def atleast_2d(*arys):
     """``np.atleast_2d``: (n,) becomes (1, n) (never any communication)."""
-    out = [_at_least_2d(a) for a in map(_operand, arys)]
-    return out[0] if len(out) == 1 else tuple(out)
+    return _each(_at_least_2d, arys)
 
 
 def _at_least_3d(a: Any) -> Any:
@@ -796,8 +800,7 @@ def _at_least_3d(a: Any) -> Any:
 
 def atleast_3d(*arys):
     """``np.atleast_3d``: (n,) becomes (1, n, 1), (m, n) becomes (m, n, 1)."""
-    out = [_at_least_3d(a) for a in map(_operand, arys)]
-    return out[0] if len(out) == 1 else tuple(out)
+    return _each(_at_least_3d, arys)
 
 
 def _stackable(tup) -> list:

@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from .. import backend, comm
+from .. import backend
 from ..autograd import finish_grads, no_grad, note_mutation
 from ..comm import agree
-from ..tensor import DistTensor, reshard, shard_tensor
+from ..tensor import DistTensor, agree_on_mesh, reshard, shard_tensor
 
 LR = float | Callable[[int], float]
 
@@ -125,14 +125,11 @@ class Optimizer:
     def _agree_on_gradients(self) -> None:
         """Note [Replicas agree] in tensor.py: per mesh, which of its parameters have a
         gradient, checked once (16 bytes, CommCounter.checks) before any update."""
-        rank = comm.get_rank()
         meshes: dict = {}
-        for i, p in enumerate(self.params):
-            meshes.setdefault(p.mesh, []).append(i)
-        for mesh, idx in meshes.items():
-            if mesh.size > 1 and rank in mesh:
-                has = "".join("1" if self.params[i].grad is not None else "0" for i in idx)
-                comm.group(tuple(mesh.process_ids)).agree("optimizer step", (f"gradients {has}",))
+        for p in self.params:
+            meshes.setdefault(p.mesh, []).append("1" if p.grad is not None else "0")
+        for mesh, has in meshes.items():
+            agree_on_mesh(mesh, "optimizer step", (f"gradients {''.join(has)}",))
 
     def update(self, p: DistTensor, w: np.ndarray, g: np.ndarray, lr: float) -> None:
         """Update the local shard ``w`` in place from the local gradient ``g``."""
