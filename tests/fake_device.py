@@ -11,7 +11,9 @@ scalars. ``MODULE`` is its array module: the functions disttensor's device kerne
 (elementwise ufuncs, reductions, matmul/einsum, reshape/transpose/concatenate, take/put,
 where/clip, sort/argsort basics, ``random``, ``asnumpy``, ``ascontiguousarray``...), each
 numpy's own on the storage, so results are bit for bit numpy's; a name CuPy has but this
-list lacks raises AttributeError, like a missing CuPy function.
+list lacks raises AttributeError, like a missing CuPy function. The stand-in checks names, not
+signatures: it takes numpy's parameters, so code must keep to the parameters CuPy documents
+(``cupy.sort`` has no ``kind``, ``cupy.unique`` no ``sorted``...).
 
 ``install()`` registers it through disttensor's seam exactly as CuPy is registered
 (disttensor/backend.py: a ``Backend`` for the array type, and the device name "fake" for
@@ -160,7 +162,8 @@ def _names(text: str) -> list[str]:
 METHODS = _names(
     "reshape transpose swapaxes astype copy ravel flatten squeeze view fill sum mean max min "
     "prod all any argmax argmin cumsum cumprod clip round conj conjugate dot nonzero take "
-    "repeat diagonal trace sort argsort searchsorted var std"
+    "repeat diagonal trace sort argsort searchsorted var std partition argpartition put "
+    "nonzero cumsum cumprod"
 )
 for _name in METHODS:
     setattr(FakeArray, _name, _method(_name))
@@ -213,11 +216,20 @@ FUNCTIONS = _names(
     # shape and joins
     "reshape transpose swapaxes moveaxis expand_dims squeeze broadcast_to tile repeat split "
     "array_split concatenate stack ravel flip roll diagonal trace tril triu "
-    # indexing, sorting
-    "take take_along_axis put nonzero sort argsort searchsorted "
+    # indexing, sorting, counting
+    "take take_along_axis put put_along_axis nonzero argwhere flatnonzero sort argsort "
+    "partition argpartition lexsort searchsorted unique isin bincount digitize "
+    "unravel_index ravel_multi_index indices compress extract "
+    # order statistics and statistics
+    "median quantile percentile nanmedian nansum nanmean nanmax "
+    "nanmin nanargmax nanargmin nanvar nanstd var std average cov corrcoef histogram "
+    "array_equiv ptp "
+    # layout
+    "pad diff diag diagflat atleast_1d atleast_2d atleast_3d hstack vstack column_stack "
+    "dstack append rot90 fliplr flipud meshgrid linspace "
     # creation
     "empty zeros ones full empty_like zeros_like ones_like full_like arange eye copy "
-    "ascontiguousarray result_type"
+    "ascontiguousarray result_type can_cast iinfo finfo"
 )
 
 
@@ -259,6 +271,23 @@ def _random() -> SimpleNamespace:
     )
 
 
+LINALG = _names("qr svd eigh eigvalsh lstsq norm solve inv det slogdet cholesky matrix_rank pinv")
+
+
+def _linalg() -> SimpleNamespace:
+    """``cupy.linalg``'s functions on the storage (numpy.linalg's, results wrapped)."""
+    funcs = {}
+    for name in LINALG:
+        f = getattr(np.linalg, name)
+
+        def call(*args, _f=f, **kwargs):
+            return _wrap(_f(*_unwrap(args), **_unwrap_kw(kwargs)))
+
+        call.__name__ = call.__qualname__ = name
+        funcs[name] = call
+    return SimpleNamespace(**funcs)
+
+
 MODULE = SimpleNamespace(
     __name__="fake_cupy",
     ndarray=FakeArray,
@@ -266,6 +295,7 @@ MODULE = SimpleNamespace(
     array=array,
     asnumpy=asnumpy,
     random=_random(),
+    linalg=_linalg(),
     newaxis=None,
     inf=np.inf,
     nan=np.nan,
