@@ -60,7 +60,8 @@ def options(
             choices=["fused", "plain"],
             default="fused",
             help="fused (default): dt.DataParallel reduces the gradients in buckets during "
-            "backward; plain: opt.step() all-reduces each gradient on its own",
+            "backward; plain: opt.step() all-reduces the gradients, one all-reduce per group "
+            "of mesh dims, after backward",
         )
     # hidden: add 1e-3 to one rank's shard of one parameter, to see the self-check fail
     p.add_argument("--perturb", action="store_true", help=argparse.SUPPRESS)
@@ -127,16 +128,20 @@ class Stopwatch:
 
 def data_parallel(model: dt.nn.Module, mesh: dt.ProcessMesh, mode: str):
     """``model`` wrapped in dt.DataParallel over "dp" when ``mode`` is "fused" and the mesh
-    has a "dp" dim, else None (the optimizer reduces each gradient on its own)."""
+    has a "dp" dim, else None (the optimizer reduces the gradients together in its step)."""
     if mode != "fused" or "dp" not in mesh.dim_names:
         return None
     return dt.DataParallel(model, mesh, dim="dp")
 
 
-def describe_buckets(dp) -> str:
+def describe_buckets(dp, opt) -> str:
     """How the data-parallel gradients were reduced, for the collectives line."""
     if dp is None:
-        return "data parallel: each gradient all-reduced on its own in opt.step() (--dp plain)"
+        r = opt.reductions
+        return (
+            f"data parallel: {r['gradients']} gradients all-reduced together in opt.step() "
+            f"with {r['all_reduces']} all-reduce(s) (--dp plain)"
+        )
     layout = dp.buckets
     if not layout["buckets"]:
         return "data parallel: nothing to reduce (dp is 1)"
@@ -184,7 +189,7 @@ def fit(opt, batches, loss_of, named, steps: int, show: bool = False, dp=False) 
     if show:
         dt.print0("collectives per step: " + collectives(forward=fwd, backward=bwd, optimizer=upd))
         if dp is not False:
-            dt.print0(describe_buckets(dp))
+            dt.print0(describe_buckets(dp, opt))
     pairs = list(named())
     result = {
         "losses": dict(enumerate(losses, 1)),

@@ -124,7 +124,9 @@ def collective_line(out: str) -> dict[str, dict[str, int]]:
 def test_data_parallel_demo_fused_and_plain(demo, tmp_path):
     """The data-parallel demos on 4 ranks, dt.DataParallel (the default) against
     ``--dp plain``: both equal the numpy replay; fused says how many gradient all-reduces
-    went into how many buckets, and its all-reduces per step are fewer by exactly that."""
+    went into how many buckets, plain how many gradients opt.step() reduced together with
+    how many all-reduces; plain makes no fewer all-reduces per step than fused (its
+    reductions are fused too, only later: none overlaps backward)."""
     lines = {}
     for mode in ("fused", "plain"):
         path = tmp_path / f"{mode}.npz"
@@ -133,16 +135,22 @@ def test_data_parallel_demo_fused_and_plain(demo, tmp_path):
         assert code == 0, out
         check_against_numpy(demo, load_record(path))
         lines[mode] = out
-    fused = next(x for x in lines["fused"].splitlines() if x.startswith("data parallel: "))
-    assert "--dp plain" in lines["plain"], lines["plain"]
+    fused, plain = (
+        next(x for x in lines[m].splitlines() if x.startswith("data parallel: "))
+        for m in ("fused", "plain")
+    )
+    assert plain.endswith("(--dp plain)"), plain
     words = fused.split()
     grads, buckets = int(words[2]), int(words[7])
     assert grads > buckets >= 1, fused
+    words = plain.split()
+    together, made = int(words[2]), int(words[9])
+    assert together >= grads > made >= 1, plain  # plain also reduces what fused leaves
 
     def all_reduces(out):
         return sum(p.get("all_reduce", 0) for p in collective_line(out).values())
 
-    assert all_reduces(lines["plain"]) - all_reduces(lines["fused"]) == grads - buckets, lines
+    assert all_reduces(lines["fused"]) <= all_reduces(lines["plain"]), lines
 
 
 @pytest.mark.mpi

@@ -176,9 +176,83 @@ def test_partial_gradients_are_reduced(shape, kind):
         want_w = torch_adam(w0, gw, {}, 1, 0.1)
         want_b = torch_adam(b0, gb, {}, 1, 0.1)
     for w, b, counts in dt.simulate(math.prod(shape), _dp_step, x, w0, b0, shape, kind):
-        assert counts == {"all_reduce": 2}, counts  # one per parameter, nothing else
+        # both reduce over dp: one all-reduce of the two packed together, nothing else
+        assert counts == {"all_reduce": 1}, counts
         np.testing.assert_allclose(w, want_w, rtol=1e-12, atol=1e-14)
         np.testing.assert_allclose(b, want_b, rtol=1e-12, atol=1e-14)
+
+
+LEFT = ("moves", "max")  # .grad not in the parameter's placements after the step
+
+
+def _grouped_step(device: str, fuse: bool):
+    """Gradients Partial over dp, over mp, over both, in two dtypes, one that must also move
+    between Shard layouts, one alone in its group: the step's all-reduces, each gradient's
+    placements after the step, and the parameters."""
+    import sys
+
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+    import fake_device
+
+    fake_device.install()
+    dt.set_device(device)
+    mesh = dt.init_mesh((2, 2), dim_names=["dp", "mp"])
+    rng = np.random.default_rng(5)
+    PM = dt.Partial("max")
+    layouts = {  # name: (parameter placements, gradient placements, dtype)
+        "both": ([R, R], [P, P], F64),
+        "both2": ([R, R], [P, P], F64),
+        "dp": ([R, S1], [P, S1], F64),
+        "dp2": ([R, R], [P, R], F64),
+        "mp": ([S0, R], [S0, P], F64),
+        "mp2": ([R, R], [R, P], F64),
+        "f32a": ([R, R], [P, R], np.float32),
+        "f32b": ([R, S0], [P, S0], np.float32),
+        "moves": ([R, S1], [P, S0], F64),  # reduced with dp's group, then moved
+        "max": ([R, R], [PM, R], F64),  # alone in its group (max over dp): its own all-reduce
+    }
+    params, grads = {}, {}
+    for name, (ppl, gpl, dtype) in layouts.items():
+        w = rng.standard_normal((5, 3)).astype(dtype)
+        g = rng.standard_normal((5, 3)).astype(dtype)
+        params[name] = dt.nn.Parameter(dt.shard_tensor(w, mesh, ppl))
+        # a Partial with these parts: each rank's own share of g (its global value is g)
+        spec = dt.shard_tensor(g, mesh, [R if p.is_partial() else p for p in gpl])
+        parts = dt.reshard(spec, mesh, gpl)
+        grads[name] = parts
+    opt = dt.optim.SGD(list(params.values()), lr=0.5)
+    for name, p in params.items():
+        p.grad = grads[name]
+    if not fuse:  # the reference: every gradient resharded on its own, before the step
+        for p in params.values():
+            p.grad = dt.reshard(p.grad, mesh, p.placements)
+    with dt.CommCounter() as cc:
+        opt.step()
+    shards = [type(p.to_local()).__name__ for p in params.values()]
+    return (
+        cc.counts,
+        {n: p.grad.placements == p.placements for n, p in params.items() if n not in LEFT},
+        {n: p.numpy() for n, p in params.items()},
+        shards,
+    )
+
+
+@pytest.mark.parametrize("device", ["cpu", "fake"])
+def test_partial_gradients_are_reduced_together_per_group(device):
+    """Note [Gradients reduced at the step]: one all-reduce per (mesh dims, dtype, reduce
+    type) group of two or more gradients; the rest as before; values those of reducing each
+    gradient on its own (bit for bit: two-rank groups)."""
+    got = dt.simulate(4, _grouped_step, device, True)
+    for counts, reduced, _, shards in got:
+        # groups {both, both2}, {dp, dp2, moves}, {mp, mp2}, {f32a, f32b}: one each; max
+        # alone: its own; moves then goes from Shard(0) to Shard(1): an all-to-all
+        assert counts == {"all_reduce": 4 + 1, "all_to_all": 1}, counts
+        assert all(reduced.values()), reduced
+        assert set(shards) == {"ndarray" if device == "cpu" else "FakeArray"}, shards
+    ref = dt.simulate(4, _grouped_step, device, False)
+    for (_, _, values, _), (_, _, want, _) in zip(got, ref):
+        for name in want:
+            np.testing.assert_array_equal(values[name], want[name], err_msg=name)
 
 
 def _no_comm_steps():

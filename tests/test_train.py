@@ -191,7 +191,8 @@ def test_dp_no_communication_until_the_optimizer(world):
     for fwd, bwd, upd in dp["counts"]:
         assert fwd == {}  # every op is local on its batch rows; the mean is Partial
         assert bwd == {}  # weight gradients are sums over batch rows: Partial(sum), no comm
-        assert upd == {"all_reduce": dp["n_params"]}  # step() reduces each gradient once
+        # step() reduces every gradient once, all together (Note [Gradients reduced at the step])
+        assert upd == {"all_reduce": 1} and dp["n_params"] > 1
     assert all(p == [dt.Partial()] for p in dp["grad_placements"].values()), dp["grad_placements"]
     for name, want in single["params"].items():
         assert_close(dp["params"][name], want, 1e-12, name)

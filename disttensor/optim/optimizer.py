@@ -2,8 +2,10 @@
 
 Note [Optimizer placements]
     Each parameter's gradient is first resharded to the parameter's own placements: a
-    Partial(sum) gradient of data parallelism becomes Replicate (one all-reduce), a gradient
-    that came out in another layout is moved. From there the update is elementwise on the
+    Partial(sum) gradient of data parallelism becomes Replicate, a gradient that came out in
+    another layout is moved. The Partial gradients of replicated parameters are reduced
+    together, one all-reduce per group of mesh dims (parallel/buckets.py, Note [Gradients
+    reduced at the step]), the rest one by one. From there the update is elementwise on the
     local shards, with no communication, and the optimizer state (momentum, Adam moments)
     has exactly the parameter's placements: a column-sharded weight keeps a column-sharded
     Adam state. The update writes into the parameter's shard, so the model sees it.
@@ -30,6 +32,7 @@ import numpy as np
 from .. import backend
 from ..autograd import finish_grads, no_grad, note_mutation
 from ..comm import agree
+from ..parallel.buckets import reduce_remaining
 from ..tensor import DistTensor, agree_on_mesh, reshard, shard_tensor
 
 LR = float | Callable[[int], float]
@@ -41,6 +44,8 @@ class Optimizer:
     ``lr`` is a number or a schedule ``lr(step) -> float`` (step counts from 1 at the first
     ``step()``); ``set_lr`` replaces it. ``step()`` updates every parameter that has a
     gradient (Note [Optimizer placements]); ``zero_grad()`` drops the gradients.
+    ``reductions`` says how the last step reduced Partial gradients together:
+    ``{"gradients": n, "all_reduces": k}`` (Note [Gradients reduced at the step]).
     """
 
     state_names: tuple[str, ...] = ()  # the state kept per parameter (load_state_dict checks)
@@ -70,6 +75,9 @@ class Optimizer:
         self.set_lr(lr)
         self.step_count = 0
         self.state: dict[int, dict[str, DistTensor]] = {}
+        # the last step's reduction of Partial gradients done together: Note [Gradients
+        # reduced at the step] (gradients taken, all-reduces made)
+        self.reductions = {"gradients": 0, "all_reduces": 0}
 
     def set_lr(self, lr: LR) -> None:
         if not callable(lr) and not float(lr) >= 0:
@@ -115,6 +123,8 @@ class Optimizer:
         self.step_count += 1
         lr = self.lr
         with no_grad():
+            n, k = reduce_remaining(self.params)  # Note [Gradients reduced at the step]
+            self.reductions = {"gradients": n, "all_reduces": k}
             for p in self.params:
                 if p.grad is None:
                     continue
