@@ -13,7 +13,10 @@
 
 from __future__ import annotations
 
+import functools
 import logging
+import threading
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -525,6 +528,37 @@ def _replicate(a: np.ndarray, mesh) -> DistTensor:
     return DistTensor(a, spec)
 
 
+# Note [The replicate fallback on a device]
+# A numpy function disttensor does not implement runs on the gathered values (``fallback``).
+# On device tensors (every DistTensor operand on one device backend; host and device
+# DistTensors together raise backend.mixed before anything moves) it runs where the data is:
+# * the function of the same name and module path in the device's array module
+#   (numpy.polyval -> xp.polyval, numpy.linalg.inv -> xp.linalg.inv, numpy.add.accumulate ->
+#   xp.add.accumulate) gets the gathered device values; host numpy arrays among the other
+#   arguments are copied onto the device first (the user handed them to a numpy function;
+#   a device module takes no host arrays), everything else goes as it is, so a device
+#   function that takes fewer forms than numpy's (a list for an array) raises its own error;
+# * where the module has no such function, where ``func`` is not numpy's own (the
+#   copy-and-write wrappers of the in-place writers, ``operator.getitem``), and for numpy's
+#   functions that write into an argument (``_WRITERS``, ufunc.at: a numpy array the user
+#   passed must be written as numpy writes it, not a device copy of it), numpy's runs on host
+#   copies of the gathered values, explicitly: the call is accounted a second time under
+#   NO_DEVICE_FUNCTION (so dt.fallback_report() and dt.CommCounter().fallbacks show it) and
+#   a RuntimeWarning names the function, once per name and process.
+# Array results (numpy scalars too) come back Replicate on the device, as numpy's come back
+# Replicate on the host; other results (Python bools, ints, dtypes) as the function returned
+# them. The collectives are the host run's (the same gathers), and so is the gradient record:
+# a node that says the function has no gradient.
+NO_DEVICE_FUNCTION = (
+    "no device function: numpy's run on host copies, array results copied back to the device"
+)
+# numpy's functions that write into an argument (ops/numpy_interop.py's writers, called here
+# with a numpy target)
+_WRITERS = frozenset({np.copyto, np.put, np.putmask, np.place, np.fill_diagonal, np.put_along_axis})
+_warned: set[str] = set()  # names warned about (NO_DEVICE_FUNCTION), once per process
+_warned_lock = threading.Lock()
+
+
 def fallback(
     name: str,
     func: Callable[..., Any],
@@ -535,7 +569,8 @@ def fallback(
     """The replicate fallback for any numpy function: DistTensors (also inside lists, tuples
     and keyword arguments) become their global values, ``func`` runs on every rank, and array
     results come back Replicate on the operands' mesh. Accounted per (name, ``reason``):
-    Note [Communication outside rules]."""
+    Note [Communication outside rules]. On device tensors the device's function of the same
+    name runs, or numpy's on host copies: Note [The replicate fallback on a device]."""
     found: list[DistTensor] = []
 
     def collect(a) -> None:
@@ -547,12 +582,12 @@ def fallback(
 
     collect(args)
     collect(list(kwargs.values()))
-    backend.host_only(f"{name} (numpy's function on gathered values)", found)
     meshes = {t.mesh for t in found}
     if len(meshes) > 1:
         raise ValueError(f"{name}: operands live on different meshes {sorted(map(repr, meshes))}")
     if not found:
         return func(*args, **kwargs)
+    be = _one_backend(name, found) if _DEVICE else backend.NUMPY
     mesh = found[0].mesh
     rep = [Replicate()] * mesh.ndim
     with outside_rules(name, reason):
@@ -560,21 +595,108 @@ def fallback(
             id(t): _reshard.execute(t._local, t._spec, t._spec.replace(placements=rep))
             for t in found
         }
+    move = None  # what other array arguments become on a device (None: as they are)
+    if be.device:
+        run = _device_function(func, be.xp)
+        if run is None:  # numpy's on host copies
+            values = {k: backend.to_host(v) for k, v in values.items()}
+            move = _host_leaf
+        else:
+            func, move = run, functools.partial(_device_leaf, be)
 
     def value(a):
         if isinstance(a, DistTensor):
             return values[id(a)]
         if isinstance(a, (list, tuple)):
             return type(a)(value(b) for b in a)
-        return a
+        return a if move is None else move(a)
 
     result = func(*value(args), **{k: value(v) for k, v in kwargs.items()})
+    if be.device:
+        if move is _host_leaf:
+            note_outside_rules(name, NO_DEVICE_FUNCTION, 0)
+            _warn_host(name, be)
+        result = _on_backend(result, be)
     out = _wrap_replicated(result, mesh)
     if autograd._state.enabled and any(t.requires_grad for t in found):
         outs = out if isinstance(out, tuple) else (out,)
         if all(isinstance(o, DistTensor) for o in outs):  # backward says it has no gradient
             autograd.record_op(f"{name} (replicate fallback)", tuple(found), {}, out)
     return out
+
+
+def _one_backend(name: str, found: list) -> backend.Backend:
+    """The backend of the fallback's DistTensor operands; backend.mixed when host and device
+    (or two devices) meet."""
+    t = type(found[0]._local)
+    for x in found[1:]:
+        tx = type(x._local)
+        if tx is not t and (tx in _DEVICE or t in _DEVICE):
+            raise backend.mixed(name, backend.of_type(t), backend.of_type(tx))
+    return backend.of_type(t)
+
+
+def _device_function(func: Callable[..., Any], xp: Any) -> Callable[..., Any] | None:
+    """numpy's ``func`` in the array module ``xp``: the function of the same name under the
+    same module path (numpy.linalg.inv -> xp.linalg.inv), a ufunc or a ufunc's method the
+    same (numpy.add.accumulate -> xp.add.accumulate); None where ``xp`` has none, where
+    ``func`` is not one of numpy's public functions or ufuncs, and for numpy's writers
+    (Note [The replicate fallback on a device])."""
+    owner = getattr(func, "__self__", None)
+    if isinstance(owner, np.ufunc):  # np.hypot.__call__, np.add.accumulate
+        ours = getattr(xp, owner.__name__, None)
+        if func.__name__ == "__call__" or ours is None:
+            return ours
+        return getattr(ours, func.__name__, None) if func.__name__ != "at" else None
+    name, module = getattr(func, "__name__", None), getattr(func, "__module__", None) or ""
+    if not name or not (module == "numpy" or module.startswith("numpy.")):
+        return None
+    path = module.split(".")[1:]
+    if any(p.startswith("_") for p in path):  # numpy._core.umath, numpy.lib._..._impl: top level
+        path = []
+    home, there = np, xp
+    for part in path:
+        home, there = getattr(home, part, None), getattr(there, part, None)
+    if home is None or getattr(home, name, None) is not func or func in _WRITERS:
+        return None  # not numpy's public function, or one that writes into an argument
+    return getattr(there, name, None) if there is not None else None
+
+
+def _device_leaf(be: backend.Backend, a: Any) -> Any:
+    """An argument of a device function: a host array copied onto the device."""
+    return be.asarray(a) if isinstance(a, np.ndarray) else a
+
+
+def _host_leaf(a: Any) -> Any:
+    """An argument of numpy's function run for device tensors: a device array copied out."""
+    return backend.to_host(a) if type(a) in _DEVICE else a
+
+
+def _on_backend(result: Any, be: backend.Backend) -> Any:
+    """A function's result with its host arrays and numpy scalars on ``be``'s device."""
+    if isinstance(result, tuple):
+        return tuple(_on_backend(r, be) for r in result)
+    if isinstance(result, list):
+        return [_on_backend(r, be) for r in result]
+    if isinstance(result, (np.ndarray, np.generic)):
+        return be.asarray(result)
+    return result
+
+
+def _warn_host(name: str, be: backend.Backend) -> None:
+    """The RuntimeWarning of NO_DEVICE_FUNCTION, once per function name and process."""
+    with _warned_lock:
+        if name in _warned:
+            return
+        _warned.add(name)
+    warnings.warn(
+        f"disttensor: {name} has no device function disttensor can call on {be.name} arrays; "
+        f"numpy's {name} ran on host copies of the gathered values and its array results "
+        "were copied back to the device (dt.fallback_report() counts these calls; this "
+        "warning is given once per function)",
+        RuntimeWarning,
+        stacklevel=3,
+    )
 
 
 def _decide(op: Op, specs, pos, nargs, attrs, mesh):

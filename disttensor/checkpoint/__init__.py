@@ -65,6 +65,21 @@ Note [Loading without a template tensor]
     (whose ``state_dict()`` has an empty ``"state"``) to the parameters' placements. A numpy
     array in the template asks for the whole value as a numpy array on every rank.
 
+Note [Checkpoints of device tensors]
+    Files are host data, so a device tensor (Note [Array backends] in backend.py) goes
+    through the host, explicitly and once per rank and tensor. ``save`` reduces Partials and
+    reshards to the stored layout on the device (the collectives of a host save), then each
+    rank copies to the host only the box it is the writer of (one copy per piece it writes;
+    a replica that does not write copies nothing) and writes it as a host save does: the
+    files are those of a host save of the same values, byte for byte (only the save's id in
+    the metadata differs, as between any two saves). ``load`` assembles each rank's box on
+    the host from the tiles it reads, verified there (the checksums are over the file's
+    bytes), and copies it onto the device once: the template tensor's device, or the
+    selected one (``dt.set_device``) for a tensor the template has none for (Note [Loading
+    without a template tensor]). So a host checkpoint loads onto a device and a device
+    checkpoint onto the host. IOCounter counts the copies (``device_copies``,
+    ``device_bytes``); numpy arrays and Python values of the state are host data and stay so.
+
 >>> import os, tempfile, numpy as np, disttensor as dt
 >>> mesh = dt.ProcessMesh([0])
 >>> path = os.path.join(tempfile.mkdtemp(), "ckpt")

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from .. import backend
 from ..spec import contiguous
 from .tiles import span, tile_crc, tile_crcs, tiling, touched, view2d
 
@@ -46,25 +47,31 @@ _observers = threading.local()
 
 
 class IOCounter:
-    """Count the checkpoint bytes and files this rank reads and writes.
+    """Count the checkpoint bytes and files this rank reads and writes, and the copies of
+    tensor data between a device and the host (``device_copies``, ``device_bytes``: Note
+    [Checkpoints of device tensors] in the package docstring).
 
     >>> import os, tempfile, numpy as np
     >>> with IOCounter() as io:
     ...     _ = write_piece(os.path.join(tempfile.mkdtemp(), "a.npy"), np.zeros(10))
-    >>> io.files_written, io.bytes_written
-    (1, 208)
+    >>> io.files_written, io.bytes_written, io.device_copies
+    (1, 208, 0)
     """
 
     def __init__(self) -> None:
         self.bytes_read = self.bytes_written = self.files_read = self.files_written = 0
+        self.device_copies = self.device_bytes = 0
 
     def _observe(self, kind: str, nbytes: int, files: int) -> None:
         if kind == "read":
             self.bytes_read += nbytes
             self.files_read += files
-        else:
+        elif kind == "write":
             self.bytes_written += nbytes
             self.files_written += files
+        else:  # "device": one copy between a device and the host
+            self.device_bytes += nbytes
+            self.device_copies += files
 
     def __enter__(self) -> IOCounter:
         if not hasattr(_observers, "fns"):
@@ -76,15 +83,39 @@ class IOCounter:
         _observers.fns.remove(self._observe)
 
     def __repr__(self) -> str:
+        copies = (
+            f", copied {self.device_bytes} B in {self.device_copies} device copies"
+            if self.device_copies
+            else ""
+        )
         return (
             f"IOCounter(read {self.bytes_read} B in {self.files_read} files, "
-            f"wrote {self.bytes_written} B in {self.files_written} files)"
+            f"wrote {self.bytes_written} B in {self.files_written} files{copies})"
         )
 
 
 def _count(kind: str, nbytes: int, files: int = 0) -> None:
     for fn in getattr(_observers, "fns", ()):
         fn(kind, nbytes, files)
+
+
+# -- device data (Note [Checkpoints of device tensors]) --------------------------------------------
+def copy_to_host(a: Any) -> np.ndarray:
+    """The data of a piece on the host: a device array copied once (counted), host data as
+    it is."""
+    if not backend.is_device(a):
+        return a
+    host = backend.to_host(a)
+    _count("device", host.nbytes, 1)
+    return host
+
+
+def copy_to_backend(be: backend.Backend, a: np.ndarray) -> Any:
+    """A loaded box on ``be``: copied onto a device once (counted), ``a`` itself on the host."""
+    if not be.device:
+        return a
+    _count("device", a.nbytes, 1)
+    return be.asarray(a)
 
 
 # -- pieces --------------------------------------------------------------------------------------

@@ -1,5 +1,7 @@
 """``dt.load``: every rank reads, from the pieces that overlap its own box, just the slices
-it needs (Note [Reading only what overlaps]); no tensor data moves between ranks."""
+it needs (Note [Reading only what overlaps]); no tensor data moves between ranks. A tensor
+for a device is assembled on the host and copied there once (Note [Checkpoints of device
+tensors])."""
 
 from __future__ import annotations
 
@@ -15,14 +17,15 @@ from ..placement import Replicate, Shard
 from ..spec import DistSpec
 from ..tensor import from_spec_block
 from .commit import portable, raise_first, resolve
-from .files import CheckpointError, read_metadata, read_region
+from .files import CheckpointError, copy_to_backend, read_metadata, read_region
 from .tree import fill, match
 
 
 def load(template: Any, path: str | os.PathLike) -> Any:
     """Load the checkpoint at ``path`` into the structure of ``template``: every DistTensor
-    comes back on the template tensor's mesh and placements (any world size), Python values
-    and numpy arrays as saved. Collective over every rank.
+    comes back on the template tensor's mesh, placements and device (any world size; a
+    tensor the template has none for on the selected device), Python values and numpy arrays
+    as saved. Collective over every rank.
 
     >>> import os, tempfile, numpy as np, disttensor as dt
     >>> mesh = dt.ProcessMesh([0])
@@ -35,9 +38,6 @@ def load(template: Any, path: str | os.PathLike) -> Any:
     path = os.path.abspath(os.fspath(path))
     world = comm.world()
     rank = comm.get_rank()
-    if backend.current().device:  # the tensors it makes would be host arrays
-        raise backend.unsupported("load", backend.current())
-    backend.host_only("load (into a device template)", _leaves(template))
 
     # 1. every rank reads the metadata and checks the template; the ranks agree on the outcome
     error = found = None
@@ -89,16 +89,22 @@ def default_spec(shape: tuple[int, ...], dtype: np.dtype, world_size: int) -> Di
 
 
 def _read(directory: str, table: dict, target: Any, rank: int, world_size: int) -> Any:
-    """One loaded leaf: a DistTensor in the target's layout, or the whole value as numpy."""
+    """One loaded leaf: a DistTensor in the target's layout and on its device (the selected
+    one for "default"), or the whole value as numpy."""
     dtype = np.lib.format.descr_to_dtype(table["dtype"])
     shape = tuple(table["shape"])
     if isinstance(target, str) and target == "numpy":
         arr = assemble(directory, table, dtype, tuple(slice(0, n) for n in shape))
         return arr[()] if table["kind"] == "scalar" else arr
-    spec = default_spec(shape, dtype, world_size) if isinstance(target, str) else target.spec
+    if isinstance(target, str):
+        spec, be = default_spec(shape, dtype, world_size), backend.current()
+    else:
+        spec, be = target.spec, backend.of(target.to_local())
     # Partial mesh dims of the template hold the value as Partial placements do (sum: on
     # coordinate 0, zeros elsewhere): a local step after reading the plain box
-    return from_spec_block(lambda slices: assemble(directory, table, dtype, slices), spec)
+    return from_spec_block(
+        lambda slices: copy_to_backend(be, assemble(directory, table, dtype, slices)), spec, on=be
+    )
 
 
 def assemble(directory: str, table: dict, dtype: np.dtype, box: tuple[slice, ...]) -> np.ndarray:
@@ -120,12 +126,3 @@ def assemble(directory: str, table: dict, dtype: np.dtype, box: tuple[slice, ...
             "items this rank needs; its metadata is inconsistent"
         )
     return out
-
-
-def _leaves(template: Any) -> list:
-    """The DistTensors (and arrays) of a template's nested dicts, lists and tuples."""
-    if isinstance(template, dict):
-        return [v for x in template.values() for v in _leaves(x)]
-    if isinstance(template, (list, tuple)):
-        return [v for x in template for v in _leaves(x)]
-    return [template]

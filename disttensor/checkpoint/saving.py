@@ -10,13 +10,13 @@ from typing import Any
 
 import numpy as np
 
-from .. import backend, comm
+from .. import comm
 from ..placement import Replicate, Shard
 from ..reshard import execute
 from ..spec import DistSpec
 from ..tensor import DistTensor
 from .commit import agree, commit, make_temp, portable, raise_first
-from .files import write_metadata, write_piece
+from .files import copy_to_host, write_metadata, write_piece
 from .tree import flatten
 
 
@@ -25,7 +25,8 @@ def save(state: Any, path: str | os.PathLike) -> None:
     values) as a checkpoint directory at ``path``, atomically. Collective over every rank.
 
     Each rank writes only the pieces it holds, one writer per distinct piece; Partial
-    tensors are reduced first. See docs/checkpoints.md.
+    tensors are reduced first. Device tensors are written from one host copy per piece
+    (Note [Checkpoints of device tensors]). See docs/checkpoints.md.
 
     >>> import os, tempfile, numpy as np, disttensor as dt
     >>> x = dt.shard_tensor(np.arange(6.0), dt.ProcessMesh([0]), [dt.Shard(0)])
@@ -36,7 +37,6 @@ def save(state: Any, path: str | os.PathLike) -> None:
     """
     path = os.path.abspath(os.fspath(path))
     tree, leaves = flatten(state)  # a TypeError here, on every rank, before any collective
-    backend.host_only("save", [obj for _, obj in leaves])
     world = comm.world()
     rank, size = comm.get_rank(), world.size
     tables = [_describe(obj, i) for i, (_, obj) in enumerate(leaves)]
@@ -68,7 +68,8 @@ def save(state: Any, path: str | os.PathLike) -> None:
         for piece in table["pieces"]:
             if piece["rank"] == rank and error is None:
                 try:
-                    written[piece["file"]] = write_piece(os.path.join(tmp, piece["file"]), local)
+                    name = os.path.join(tmp, piece["file"])
+                    written[piece["file"]] = write_piece(name, copy_to_host(local))
                 except OSError as e:
                     error = e
     got = world.allgather_object((written, portable(error)))  # after every rank's fsync
@@ -154,8 +155,9 @@ def _describe(obj: Any, i: int) -> dict[str, Any]:
     return {**table, "shape": list(shape), "dtype": dtype, "pieces": pieces}
 
 
-def _stored_local(obj: Any, table: dict[str, Any]) -> np.ndarray:
-    """This rank's data of the tensor in its stored layout (collective for Partials)."""
+def _stored_local(obj: Any, table: dict[str, Any]) -> Any:
+    """This rank's data of the tensor in its stored layout (collective for Partials), on the
+    tensor's device."""
     if not isinstance(obj, DistTensor):
         return np.asarray(obj)
     stored = table["_spec"]

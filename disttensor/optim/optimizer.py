@@ -221,13 +221,17 @@ def _param_index(key: Any, n: int, what: str) -> int:
 
 
 def _state_like(value: Any, p: DistTensor) -> DistTensor:
-    """``value`` on ``p``'s mesh and placements, in ``p``'s dtype, in memory of its own."""
+    """``value`` on ``p``'s mesh and placements, in ``p``'s dtype, in memory of its own, on
+    ``p``'s device (a host state loaded for a device parameter is copied there explicitly)."""
     if isinstance(value, DistTensor):
         if value.spec.mesh != p.mesh or value.spec.placements != p.spec.placements:
             value = reshard(value, p.mesh, p.placements)
         local = value.to_local()
     else:
-        local = shard_tensor(np.asarray(value), p.mesh, p.placements).to_local()
+        local = shard_tensor(backend.to_host(value), p.mesh, p.placements).to_local()
+    home = backend.of(p.to_local())  # the state lives where the parameter does
+    if backend.of(local) is not home:
+        return DistTensor(home.from_host(backend.to_host(local), p.dtype), p.spec)
     if backend.is_device(local):
         return DistTensor(local.astype(p.dtype, copy=True), p.spec)
     return DistTensor(np.array(local, dtype=p.dtype, copy=True), p.spec)
