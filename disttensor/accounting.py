@@ -9,6 +9,10 @@ Note [Communication outside rules]
     counted per (op name, reason) with the bytes this rank handed to collectives for it
     (process-wide in FALLBACK_LOG; per rank and per block in dt.CommCounter().fallbacks), and
     logged once per (op, reason), at WARNING, by rank 0. dt.fallback_report() shows the table.
+    One row is not communication but its cousin, a copy between a device and the host: a
+    fallback on device tensors whose function the device's array module lacks runs numpy's
+    on host copies (dispatch.NO_DEVICE_FUNCTION, 0 bytes; Note [The replicate fallback on a
+    device] in dispatch.py).
 """
 
 from __future__ import annotations

@@ -15,7 +15,11 @@ Note [Array backends]
       separately (``dispatch.Op(device=...)``), and the dispatch fast path tests the shard's
       type only once a device backend is registered. An op without a device kernel raises
       NotImplementedError naming it and "GPU" on device data (``unsupported``), as do the
-      host-only families outside dispatch (``host_only``).
+      host-only pieces outside dispatch (``host_only``). numpy functions dt does not
+      implement run with the device module's function of the same name, or numpy's on host
+      copies, accounted (Note [The replicate fallback on a device] in dispatch.py);
+      checkpoints go through the host once per piece (Note [Checkpoints of device tensors]
+      in checkpoint/__init__.py).
     * Host and device data never mix silently: DistTensors on different backends in one op,
       or a host array of one or more axes among device tensors, raise a TypeError before
       any communication (a 0-d numpy array is a scalar and is moved, as numpy's scalars

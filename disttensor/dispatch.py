@@ -535,9 +535,11 @@ def _replicate(a: np.ndarray, mesh) -> DistTensor:
 # * the function of the same name and module path in the device's array module
 #   (numpy.polyval -> xp.polyval, numpy.linalg.inv -> xp.linalg.inv, numpy.add.accumulate ->
 #   xp.add.accumulate) gets the gathered device values; host numpy arrays among the other
-#   arguments are copied onto the device first (the user handed them to a numpy function;
-#   a device module takes no host arrays), everything else goes as it is, so a device
-#   function that takes fewer forms than numpy's (a list for an array) raises its own error;
+#   arguments are copied onto the device first (the user handed them to a numpy function, as
+#   parameters: weights, bins, coefficients; a device module takes no host arrays; an
+#   operator or a dt op refuses a host operand instead), everything else goes as it is, so a
+#   device function that takes fewer forms than numpy's (a list for an array) raises its own
+#   error; a caller may give its own device function (``on_device``: getitem's advanced keys);
 # * where the module has no such function, where ``func`` is not numpy's own (the
 #   copy-and-write wrappers of the in-place writers, ``operator.getitem``), and for numpy's
 #   functions that write into an argument (``_WRITERS``, ufunc.at: a numpy array the user
@@ -565,12 +567,14 @@ def fallback(
     args: tuple,
     kwargs: dict,
     reason: str = "no dt implementation: inputs gathered, computed whole on every rank",
+    on_device: Callable[..., Any] | None = None,
 ) -> Any:
     """The replicate fallback for any numpy function: DistTensors (also inside lists, tuples
     and keyword arguments) become their global values, ``func`` runs on every rank, and array
     results come back Replicate on the operands' mesh. Accounted per (name, ``reason``):
     Note [Communication outside rules]. On device tensors the device's function of the same
-    name runs, or numpy's on host copies: Note [The replicate fallback on a device]."""
+    name runs (or ``on_device``, a function of the caller's that takes device arrays), or
+    numpy's on host copies: Note [The replicate fallback on a device]."""
     found: list[DistTensor] = []
 
     def collect(a) -> None:
@@ -596,7 +600,9 @@ def fallback(
             for t in found
         }
     move = None  # what other array arguments become on a device (None: as they are)
-    if be.device:
+    if be.device and on_device is not None:  # the caller's: its arguments as they are
+        func = on_device
+    elif be.device:
         run = _device_function(func, be.xp)
         if run is None:  # numpy's on host copies
             values = {k: backend.to_host(v) for k, v in values.items()}

@@ -66,8 +66,10 @@ def _wrap(r: Any) -> Any:
         return FakeArray(r)
     if isinstance(r, np.generic):
         return FakeArray(np.asarray(r))
-    if type(r) in (list, tuple):
-        return type(r)(_wrap(a) for a in r)
+    if type(r) is list:
+        return [_wrap(a) for a in r]
+    if isinstance(r, tuple):  # numpy's named results (QRResult, ...): a plain tuple, as CuPy's
+        return tuple(_wrap(a) for a in r)
     return r
 
 

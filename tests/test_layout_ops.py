@@ -578,3 +578,34 @@ def test_plain_numpy_inputs_and_other_modes():
         return True
 
     assert all(simulate((2,), program))
+
+
+def _diff_gradients(n: int, shape, axis: int, placements):
+    mesh = dt.ProcessMesh([0, 1])
+    g = np.arange(math.prod(shape), dtype=float).reshape(shape)
+    x = dt.shard_tensor(g, mesh, placements).requires_grad_()
+    y = np.diff(x, n, axis=axis)
+    (y * 2.0).sum().backward()
+    return y.shape, x.grad.numpy()
+
+
+@pytest.mark.parametrize(
+    "n, shape, axis, placements",
+    [(2, (1, 3), 0, [dt.Shard(1)]), (3, (3, 2), 0, [dt.Shard(0)]), (5, (3, 2), 0, [dt.Shard(0)]),
+     (4, (2, 5), 1, [dt.Shard(1)]), (2, (4, 3), 0, [dt.Shard(0)])],
+)  # fmt: skip
+def test_diff_gradient_when_n_reaches_the_axis_length(n, shape, axis, placements):
+    """n >= the axis length: an empty result, a zero gradient of x's shape (numpy's diff is
+    empty there); below it the gradient of sum(2 * diff) in closed form."""
+    got_shape, grad = every_rank(dt.simulate(2, _diff_gradients, n, shape, axis, placements))
+    want = np.diff(np.zeros(shape), n, axis=axis)
+    assert got_shape == want.shape
+    length = shape[axis]
+    coeff = np.zeros(length)
+    if n < length:  # d/dx of sum(diff(x, n)) along the axis: its adjoint applied to ones
+        ones = np.ones(length - n)
+        for _ in range(n):
+            ones = -np.diff(np.concatenate([[0.0], ones, [0.0]]))
+        coeff = 2.0 * ones
+    want_grad = np.broadcast_to(np.expand_dims(coeff, 1 - axis), shape)
+    np.testing.assert_array_equal(grad, want_grad)

@@ -7,7 +7,10 @@ others); R, the singular values, Vh and lstsq's results are Replicate. Wide matr
 stacks of matrices, ``qr(mode="complete")`` and ``svd(full_matrices=True)`` of a matrix that
 is not square (an m x m factor), ``qr(mode="raw")`` and ``svd(hermitian=True)`` take the
 counted replicate fallback. ``np.linalg.eigh`` and ``eigvalsh`` decompose the (small)
-matrices a program hands them whole (Note [Eigenproblems of whole matrices]).
+matrices a program hands them whole (Note [Eigenproblems of whole matrices]). On device shards
+the same algorithms run with the shards' array module (Note [Decompositions on a device]), and
+the fallback cases take the device's replicate fallback (Note [The replicate fallback on a
+device] in dispatch.py).
 
 >>> import numpy as np, disttensor as dt
 >>> a = np.array([[3.0, 1.0], [4.0, 2.0], [0.0, 5.0], [1.0, 1.0], [2.0, 0.0]])
@@ -66,6 +69,30 @@ Note [Householder signs]
     Q^H Q = I always hold. The SVD is that of R, so U = Q U_r and Vh are numpy's up to the
     sign of each singular pair; they are numpy's own where LAPACK's gesdd itself starts with
     a QR (m >= 11 n / 6 in reference LAPACK), since R is then numpy's R.
+
+Note [Decompositions on a device]
+    On device shards (CuPy on a GPU) every step above runs with the shards' array module:
+    the local QRs, the all-gather (into a buffer of the device) and the QR of the stacked R
+    factors, the SVD of R and the least-squares solve on R stay on the device: the stack is
+    on the device after the all-gather and holds at most P n rows, so factoring it there
+    costs no copy. The one host step is the LU of Note [Householder signs]: a loop over the
+    n pivots that decides a branch at each, on an n x n matrix, which on a GPU would be n
+    kernel launches and n synchronisations; Q's first n rows and R's diagonal are copied to
+    the host instead (O(n^2) elements, explicitly) and the n signs copied back. lstsq's rank
+    is copied too (one integer: it sizes the solution, and numpy returns it). CuPy, unlike
+    numpy, computes in the input's precision, so the data is cast to numpy's compute type
+    (float64/complex128) first and the results to numpy's result type, as on the TSQR path.
+    Where the host calls numpy's own function on a one-rank row group, the device calls
+    CuPy's (its SVD and eigh: cuSOLVER's), with two exceptions: the QR also takes numpy's
+    signs from the LU (cuSOLVER does not document its Householder sign choice), and lstsq
+    takes the TSQR path's own steps on its one block (a QR of [a | b], then gelsd's rule on
+    R), because cupy.linalg.lstsq's rcond rule is not LAPACK gelsd's. A host ``b`` handed to
+    lstsq with a device ``a`` has this rank's rows of it copied to the device explicitly, as
+    the replicate fallback copies the host arrays handed to numpy's functions (Note [The
+    replicate fallback on a device] in dispatch.py): the host's algorithm and communication,
+    not a gather. Results are numpy's to rounding (the U, Vh and eigenvectors of the SVD and
+    eigh up to the sign of each pair, as ever), the rank and the result types exactly; the
+    communication is the host's.
 """
 
 from __future__ import annotations
@@ -153,14 +180,15 @@ def _tsqr(
         return min(k, n), min(max(n - start, 0), k) if signs else 0
 
     r_me, top_me = sizes(rows.me)
+    xp = backend.xp(local)  # numpy, or the device's module (Note [Decompositions on a device])
     local = local.astype(dtype, copy=False)
     if want_q or top_me:
-        q_i, r_i = np.linalg.qr(local)
+        q_i, r_i = xp.linalg.qr(local)
     else:
-        q_i, r_i = None, np.linalg.qr(local, mode="r")
-    send = np.concatenate([r_i.ravel(), q_i[:top_me].ravel() if top_me else r_i[:0].ravel()])
+        q_i, r_i = None, xp.linalg.qr(local, mode="r")
+    send = xp.concatenate([r_i.ravel(), q_i[:top_me].ravel() if top_me else r_i[:0].ravel()])
     counts = [r * n + top * r for r, top in map(sizes, range(len(rows.group)))]
-    gathered = np.empty(sum(counts), dtype)
+    gathered = xp.empty(sum(counts), dtype)
     comm.group(rows.group).allgather(send, gathered, counts)
 
     stack, tops, at = [], [], 0
@@ -169,14 +197,22 @@ def _tsqr(
         stack.append(gathered[at : at + r * n].reshape(r, n))
         tops.append(gathered[at + r * n : at + r * n + top * r].reshape(top, r))
         at += r * n + top * r
-    q_s, r_s = np.linalg.qr(np.concatenate(stack))
+    q_s, r_s = xp.linalg.qr(xp.concatenate(stack))
     offsets = np.cumsum([0] + [len(s) for s in stack])
     if signs and n:
-        top = np.concatenate([t @ q_s[o : o + len(t[0])] for t, o in zip(tops, offsets) if len(t)])
-        d = _householder_signs(top, np.diagonal(r_s))
-        q_s, r_s = q_s * d, d[:, None] * r_s
+        top = xp.concatenate([t @ q_s[o : o + len(t[0])] for t, o in zip(tops, offsets) if len(t)])
+        q_s, r_s = _numpy_signs(q_s, r_s, top)
     q = q_i @ q_s[offsets[rows.me] : offsets[rows.me] + r_me] if want_q else None
     return q, r_s
+
+
+def _numpy_signs(q: Any, r: Any, top: Any) -> tuple[Any, Any]:
+    """(Q D, D R): the factors ``q``, ``r`` with numpy's signs, from ``top``, the first n rows
+    of ``q`` (Note [Householder signs]). The LU runs on the host: on a device ``top`` and R's
+    diagonal are copied to it and the signs back (Note [Decompositions on a device])."""
+    d = _householder_signs(backend.to_host(top), backend.to_host(r.diagonal()))
+    d = backend.of(q).asarray(d)
+    return q * d, d[:, None] * r
 
 
 def _householder_signs(top: np.ndarray, diagonal: np.ndarray) -> np.ndarray:
@@ -232,9 +268,8 @@ def qr(a, mode="reduced"):
     array([[-5.9161, -7.4374],
            [ 0.    ,  0.8281]])
     """
-    backend.host_only("qr", a, mode)
-    if not isinstance(a, DistTensor):
-        return np.linalg.qr(a, mode)
+    if not isinstance(a, DistTensor):  # an array: its own library's QR
+        return backend.xp(a).linalg.qr(a, mode)
     if mode not in _MODES:
         if mode in ("f", "full", "e", "economic"):
             raise Unsupported(f"the deprecated mode {mode!r}")
@@ -248,13 +283,18 @@ def qr(a, mode="reduced"):
         raise Unsupported(f"mode={mode!r} of a {m} x {n} matrix (a wide or an m x m factor)")
     x = _row_form(a)
     spec, rows = x._spec, _rows(x._spec)
+    xp = backend.xp(x._local)
     if rows.coord is None:
-        q, r = np.empty((0, n), result_t), np.empty((n, n), result_t)
-    elif len(rows.group) == 1:  # the whole matrix is here: numpy's own QR
+        q, r = xp.empty((0, n), result_t), xp.empty((n, n), result_t)
+    elif len(rows.group) == 1 and xp is np:  # the whole matrix is here: numpy's own QR
         if mode == "r":
             q, r = None, np.linalg.qr(x._local, mode="r")
         else:
             q, r = np.linalg.qr(x._local)
+    elif len(rows.group) == 1:
+        # on a device: its QR, with numpy's signs (Note [Decompositions on a device])
+        q, r = xp.linalg.qr(x._local.astype(t, copy=False))
+        q, r = _numpy_signs(q, r, q[:n]) if n else (q, r)
     else:
         q, r = _tsqr(x._local, rows, n, t, want_q=mode != "r", signs=True)
     R = _replicated(r.astype(result_t, copy=False), a.mesh)
@@ -282,9 +322,12 @@ def svd(a, full_matrices=True, compute_uv=True, hermitian=False):
     >>> dt.simulate(2, f)[0]
     ([Shard(dim=0)], array([2., 1.]))
     """
-    backend.host_only("svd", a, full_matrices, compute_uv, hermitian)
-    if not isinstance(a, DistTensor):
-        return np.linalg.svd(a, full_matrices, compute_uv, hermitian)
+    if not isinstance(a, DistTensor):  # an array: its own library's SVD
+        if not backend.is_device(a):
+            return np.linalg.svd(a, full_matrices, compute_uv, hermitian)
+        if hermitian:  # CuPy's svd has no hermitian
+            raise backend.unsupported("svd(hermitian=True)", backend.of(a))
+        return backend.xp(a).linalg.svd(a, full_matrices, compute_uv)
     if hermitian:
         raise Unsupported("hermitian=True (numpy's eigh of a square matrix)")
     _check_2d(a, at_least=True)
@@ -297,20 +340,23 @@ def svd(a, full_matrices=True, compute_uv=True, hermitian=False):
     x = _row_form(a)
     spec, rows = x._spec, _rows(x._spec)
     real_t = np.empty(0, result_t).real.dtype
+    xp = backend.xp(x._local)
     if rows.coord is None:
-        u, s, vh = np.empty((0, n)), np.empty(n), np.empty((n, n))
-    elif len(rows.group) == 1:  # the whole matrix is here: numpy's own SVD
+        u, s, vh = xp.empty((0, n)), xp.empty(n), xp.empty((n, n))
+    elif len(rows.group) == 1:  # the whole matrix is here: numpy's own SVD, or the device's
+        # in numpy's compute type (Note [Decompositions on a device])
+        local = x._local if xp is np else x._local.astype(t, copy=False)
         if compute_uv:
-            u, s, vh = np.linalg.svd(x._local, full_matrices=False)
+            u, s, vh = xp.linalg.svd(local, full_matrices=False)
         else:
-            u, s, vh = None, np.linalg.svd(x._local, compute_uv=False), None
+            u, s, vh = None, xp.linalg.svd(local, compute_uv=False), None
     else:
         q, r = _tsqr(x._local, rows, n, t, want_q=compute_uv, signs=compute_uv)
         if compute_uv:
-            u_r, s, vh = np.linalg.svd(r)
+            u_r, s, vh = xp.linalg.svd(r)
             u = q @ u_r
         else:
-            u, s, vh = None, np.linalg.svd(r, compute_uv=False), None
+            u, s, vh = None, xp.linalg.svd(r, compute_uv=False), None
     S = _replicated(s.astype(real_t, copy=False), a.mesh)
     if not compute_uv:
         _no_gradient("svd", (a,), (S,))
@@ -331,8 +377,7 @@ def svdvals(x):
     >>> dt.simulate(2, f)[0]
     array([4., 3.])
     """
-    backend.host_only("svdvals", x)
-    return svd(x, compute_uv=False)
+    return svd(x, compute_uv=False)  # CuPy has no svdvals: its svd(compute_uv=False) on a device
 
 
 # -- lstsq ---------------------------------------------------------------------------------------
@@ -352,14 +397,19 @@ def lstsq(a, b, rcond=None):
     >>> dt.simulate(2, f)[0]
     (array([0.9 , 2.15]), array([0.075]), np.int32(2))
     """
-    backend.host_only("lstsq", a, b, rcond)
     if not isinstance(a, DistTensor):
         raise Unsupported("a numpy a")
     if isinstance(b, DistTensor) and b.mesh != a.mesh:
         raise Unsupported("b on another mesh")
     if isinstance(rcond, DistTensor):
         raise Unsupported("a DistTensor rcond")
-    b = b if isinstance(b, DistTensor) else np.asarray(b)
+    on = backend.of(a._local)
+    if isinstance(b, DistTensor) or backend.is_device(b):
+        b_on = backend.of(getattr(b, "_local", b))
+        if b_on is not on:  # never moved silently between devices (Note [Array backends])
+            raise backend.mixed("lstsq", on, b_on)
+    else:  # host data: this rank's rows of it go where a is (below)
+        b = np.asarray(b)
     b_dtype = b.dtype
     is_1d = b.ndim == 1
     _check_2d(a, at_least=False)
@@ -376,19 +426,23 @@ def lstsq(a, b, rcond=None):
     kb = 1 if is_1d else b.shape[1]
     x = _row_form(a)
     spec, rows = x._spec, _rows(x._spec)
-    b_local = _rows_of(b, spec, rows)
+    b_local = on.asarray(_rows_of(b, spec, rows))  # Note [Decompositions on a device]
     real_t = np.empty(0, result_t).real.dtype
+    xp = on.xp
     if rows.coord is None:  # stand-ins: a rank outside the mesh holds empty shards
-        sol, res, rank, s = np.empty((n, kb)), np.empty(0), np.int32(0), np.empty(n)
-    elif len(rows.group) == 1:  # the whole system is here: numpy's own
+        sol, res, rank, s = xp.empty((n, kb)), xp.empty(0), np.int32(0), xp.empty(n)
+    elif len(rows.group) == 1 and xp is np:  # the whole system is here: numpy's own
         sol, res, rank, s = np.linalg.lstsq(x._local, b_local.reshape(m, kb), rcond)
     else:
-        both = np.concatenate([x._local.astype(t), b_local.reshape(-1, kb).astype(t)], axis=1)
-        _, r = _tsqr(both, rows, n + kb, t, want_q=False, signs=False)
+        both = xp.concatenate([x._local.astype(t), b_local.reshape(-1, kb).astype(t)], axis=1)
+        if len(rows.group) == 1:  # on a device (Note [Decompositions on a device])
+            r = xp.linalg.qr(both, mode="r")
+        else:
+            _, r = _tsqr(both, rows, n + kb, t, want_q=False, signs=False)
         sol, rank, s = _solve(r[:n, :n], r[:n, n:], rcond, m, n)
-        res = np.sum(np.abs(r[n:, n:]) ** 2, axis=0)  # the part of b outside a's columns
+        res = xp.sum(xp.abs(r[n:, n:]) ** 2, axis=0)  # the part of b outside a's columns
         if rank != n or m <= n:
-            res = np.empty(0)
+            res = xp.empty(0)
     sol = sol[:, 0] if is_1d else sol
     X = _replicated(sol.astype(result_t), a.mesh)
     RES = _replicated(res.astype(real_t), a.mesh)
@@ -397,29 +451,31 @@ def lstsq(a, b, rcond=None):
     return X, RES, rank, S
 
 
-def _rows_of(b: Any, spec: DistSpec, rows: _Rows) -> np.ndarray:
+def _rows_of(b: Any, spec: DistSpec, rows: _Rows) -> Any:
     """This rank's rows of ``b``, split like ``a``'s rows (``spec``): a slice of an array; a
     DistTensor resharded to that split (a local slice where it is Replicate)."""
     if isinstance(b, DistTensor):
         return reshard(b, b.mesh, spec.placements)._local
     if rows.coord is None:
-        return np.empty((0, *b.shape[1:]), b.dtype)
+        return backend.xp(b).empty((0, *b.shape[1:]), b.dtype)
     start, k = spec.local_box(rows.coord)[0]
     return b[start : start + k]
 
 
-def _solve(r: np.ndarray, c: np.ndarray, rcond, m: int, n: int):
+def _solve(r: Any, c: Any, rcond, m: int, n: int):
     """(x, rank, s) of min ||R x - c|| with LAPACK gelsd's rule: singular values at most
-    rcond * s[0] dropped (rcond None: eps * max(m, n); rcond <= 0 or >= 1: gelsd's own eps)."""
+    rcond * s[0] dropped (rcond None: eps * max(m, n); rcond <= 0 or >= 1: gelsd's own eps).
+    On a device the rank, which sizes the solution, is copied to the host."""
+    xp = backend.xp(r)
     try:
-        u, s, vh = np.linalg.svd(r)
+        u, s, vh = xp.linalg.svd(r)
     except LinAlgError:
         raise LinAlgError("SVD did not converge in Linear Least Squares") from None
     if rcond is None:
         rcond = np.finfo(np.float64).eps * max(m, n)
     if not 0 < rcond < 1:
         rcond = np.finfo(np.float64).epsneg  # LAPACK's dlamch('E'), 2**-53
-    rank = int(np.count_nonzero(s > rcond * s[0])) if n else 0
+    rank = int(backend.to_host(xp.count_nonzero(s > rcond * s[0]))) if n else 0
     x = vh[:rank].conj().T @ ((u[:, :rank].conj().T @ c) / s[:rank, None])
     return x, np.int32(rank), s
 
@@ -444,7 +500,8 @@ for _func, _impl in (
 # matrices). A mesh dim that splits one of the two matrix axes, or holds Partial values, is
 # resharded to Replicate first (one all-gather or all-reduce over it: the op's own
 # communication, as the replicate fallback would do, but with the batch splits kept). No
-# gradient: backward through eigh raises naming it.
+# gradient: backward through eigh raises naming it. On a device it is CuPy's eigh (cuSOLVER's),
+# in numpy's compute type (Note [Decompositions on a device]).
 _EighResult = type(np.linalg.eigh(np.eye(1)))  # numpy's named tuple (its module is private)
 
 
@@ -473,16 +530,19 @@ def _eig_results(a: DistTensor, name: str, uplo: str, vectors: bool):
     coord = spec.mesh.get_coord(comm.get_rank())
     w_spec = DistSpec(spec.mesh, spec.placements, spec.shape[:-1], probe.eigenvalues.dtype)
     v_spec = DistSpec(spec.mesh, spec.placements, spec.shape, probe.eigenvectors.dtype)
+    xp, local = backend.xp(x._local), x._local
+    if xp is not np:  # CuPy computes in the input's precision, numpy in double
+        local = local.astype(_result_types(lambda: v_spec.dtype)[0], copy=False)
     if coord is None:
-        w = np.empty(w_spec.local_shape(None), w_spec.dtype)
-        v = np.empty(v_spec.local_shape(None), v_spec.dtype)
+        w = xp.empty(w_spec.local_shape(None), w_spec.dtype)
+        v = xp.empty(v_spec.local_shape(None), v_spec.dtype)
     elif vectors:
-        w, v = np.linalg.eigh(x._local, uplo)
+        w, v = xp.linalg.eigh(local, uplo)
     else:
-        w, v = np.linalg.eigvalsh(x._local, uplo), None
-    outs = [DistTensor(w, w_spec)]
+        w, v = xp.linalg.eigvalsh(local, uplo), None
+    outs = [DistTensor(w.astype(w_spec.dtype, copy=False), w_spec)]
     if vectors:
-        outs.append(DistTensor(v, v_spec))
+        outs.append(DistTensor(v.astype(v_spec.dtype, copy=False), v_spec))
     if autograd.is_grad_enabled() and a.requires_grad:
         autograd.record(name, (a,), outs, None)  # no gradient: backward raises naming it
     return outs
@@ -508,9 +568,8 @@ def eigh(a, UPLO="L"):
     >>> w.numpy(), w.placements
     (array([1., 3.]), [Replicate()])
     """
-    backend.host_only("eigh", a, UPLO)
-    if not isinstance(a, DistTensor):
-        return np.linalg.eigh(a, UPLO)
+    if not isinstance(a, DistTensor):  # an array: its own library's eigh
+        return backend.xp(a).linalg.eigh(a, UPLO)
     return _EighResult(*_eig_results(a, "eigh", UPLO, vectors=True))
 
 
@@ -522,9 +581,8 @@ def eigvalsh(a, UPLO="L"):
     >>> np.linalg.eigvalsh(c).numpy()
     array([1., 3.])
     """
-    backend.host_only("eigvalsh", a, UPLO)
-    if not isinstance(a, DistTensor):
-        return np.linalg.eigvalsh(a, UPLO)
+    if not isinstance(a, DistTensor):  # an array: its own library's eigvalsh
+        return backend.xp(a).linalg.eigvalsh(a, UPLO)
     return _eig_results(a, "eigvalsh", UPLO, vectors=False)[0]
 
 

@@ -52,7 +52,9 @@ _BROADCAST_TO = sh.OPS["broadcast_to"]
 
 
 def _shape(a: Any) -> tuple[int, ...]:
-    return tuple(np.shape(a)) if not isinstance(a, DistTensor) else a.shape
+    """The shape of a DistTensor, an array (a device one too) or host data."""
+    shape = getattr(a, "shape", None)
+    return tuple(shape) if shape is not None else tuple(np.shape(a))
 
 
 def _reshaped(g, shape: tuple[int, ...]):
@@ -695,8 +697,11 @@ def _join(ctx, g):
 @gradient("diff", reads_values=False)
 def _diff(ctx, g):
     """diff is linear; the adjoint of one difference is ``-diff(pad(g, 1, 1))``."""
-    axis = ctx.attrs["axis"]
-    for _ in range(ctx.attrs["n"]):
+    axis, n = ctx.attrs["axis"], ctx.attrs["n"]
+    length = ctx.args[0].shape[axis]
+    if n >= length:  # the result is empty along the axis: a zero gradient of x's length
+        return (lay.shift_axis(g, axis, 0, length),)
+    for _ in range(n):
         g = -lay.diff(lay.shift_axis(g, axis, 1, 1), 1, axis)
     return (g,)
 
@@ -736,7 +741,8 @@ def _take_along_axis(ctx, g):
         if isinstance(idx, DistTensor):
             idx = sh.broadcast_to(idx, g.shape)
         else:
-            idx = np.ascontiguousarray(np.broadcast_to(idx, g.shape))
+            xp = backend.xp(idx)  # a host or device index array, as the shards are
+            idx = xp.ascontiguousarray(xp.broadcast_to(idx, g.shape))
     gx = lay.OPS["take_along_axis_grad"](g, idx, axis=axis, length=arr.shape[axis])
     return _sum_to(gx, arr.shape), None
 

@@ -30,6 +30,24 @@ Note [Lookups in unsplit tensors]
     "Hangs and exits"). Backward adds the output gradient into zeros of x's local shape
     (``np.add.at``): Partial(sum) over the mesh dims that split the indices (each rank has the
     contributions of its own indices), like ``embedding_grad`` for split ids.
+
+Note [Keys on a device]
+    On device shards (a GPU's CuPy arrays) the same two paths run with the same exchanges;
+    only where the key's numbers live differs. A key's host entries (numpy arrays, lists,
+    masks) are metadata: every rank plans with them on the host, as above, and the library
+    moves to the device only what its kernels index with (this rank's local rows and output
+    positions; in an unsplit lookup, the key itself), explicitly. A device array in a key is
+    copied to the host first for the same reason (``host_key``); a DistTensor index is
+    gathered to the host as on the CPU, except the unsplit lookup's leading index, which
+    stays on the device. Host and device never meet otherwise: a DistTensor or array of
+    another backend than x's in the key raises ``backend.mixed`` before anything moves.
+    Two CuPy differences are kept out of the results: CuPy wraps indices out of bounds
+    around (numpy raises), so host keys are checked by numpy on a stand-in of no memory and
+    a device index by one flag read from the device; and CuPy takes one boolean array only
+    alone in a key, so a boolean array of one or more axes is passed as its ``nonzero()``
+    (numpy's own meaning of it) and a 0-d boolean (``x[True]``) as a new axis indexed by
+    ``zeros(1 or 0)`` (``_device_key``). Backward adds with the backend's ``scatter_add``
+    (``cupyx.scatter_add`` on a GPU, ``np.add.at`` on the host).
 """
 
 from __future__ import annotations
@@ -48,7 +66,7 @@ from ..tensor import DistTensor, reshard
 
 def gather_by_index(x: DistTensor, key: Any) -> DistTensor | None:
     """``x[key]`` by Note [Gathers by index]; None when the key is not of its form."""
-    backend.host_only("x[key] with an integer-array or boolean key", x, key)
+    key = host_key("x[key]", x, key)  # Note [Keys on a device]
     spec = x._spec
     mesh = spec.mesh
     if not any(p.is_shard() and n > 1 for p, n in zip(spec.placements, mesh.shape)):
@@ -124,22 +142,29 @@ def _lookup(x: DistTensor, key: Any, idx: DistTensor | None) -> DistTensor:
         for p, q in zip(spec.placements, pls)
     )
     split = [q.is_shard() and n > 1 for q, n in zip(pls, mesh.shape)]
+    be = backend.of(x._local)
+    pre = None  # a device key's first step (_device_key)
     if idx is None:
         local_key = key
-        if coord is None:  # numpy's result shape from a stand-in of no memory
-            out_shape = np.broadcast_to(np.empty((), spec.dtype), spec.shape)[key].shape
+        if coord is None or be.device:  # numpy's result shape and checks, on a stand-in
+            stand_in = _NO_MEMORY if be.device else np.empty((), spec.dtype)
+            out_shape = np.broadcast_to(stand_in, spec.shape)[key].shape
+        if be.device:
+            pre, local_key = _device_key(be, key)
     else:
         rest = key[1:] if isinstance(key, tuple) else ()
         local_key = (idx._local, *rest)
         out_shape = (*idx.shape, *spec.shape[1:])
+        if be.device and coord is not None:
+            _check_bounds(idx._local, spec.shape[0], 0)
     if coord is not None:
-        local = x._local[local_key]
+        local = (x._local if pre is None else x._local[pre])[local_key]
         if idx is None:
             out_shape = local.shape
     out_spec = DistSpec(mesh, placements, out_shape, spec.dtype)
     if coord is None:
-        local = np.empty(out_spec.local_shape(None), spec.dtype)
-    out = DistTensor(np.ascontiguousarray(local), out_spec)
+        local = be.xp.empty(out_spec.local_shape(None), spec.dtype)
+    out = DistTensor(be.xp.ascontiguousarray(local), out_spec)
     if x.requires_grad and autograd.is_grad_enabled():
         plain = out_spec.without_partials()  # Note [Partial gradients] in autograd.py
         grad_spec = spec.without_partials().replace(
@@ -153,9 +178,9 @@ def _lookup(x: DistTensor, key: Any, idx: DistTensor | None) -> DistTensor:
             g = grads[0]
             if g._spec != plain:
                 g = reshard(g, mesh, list(plain.placements))
-            grad = np.zeros(grad_spec.local_shape(coord), spec.dtype)
-            if coord is not None:
-                np.add.at(grad, local_key, g._local)
+            grad = be.xp.zeros(grad_spec.local_shape(coord), spec.dtype)
+            if coord is not None:  # np.add.at on the host, cupyx.scatter_add on a GPU
+                be.scatter_add(grad if pre is None else grad[pre], local_key, g._local)
             return (DistTensor(grad, grad_spec),)
 
         autograd.record("getitem[index]", (x,), (out,), backward)
@@ -165,6 +190,89 @@ def _lookup(x: DistTensor, key: Any, idx: DistTensor | None) -> DistTensor:
 def _pls(idx: DistTensor | None, mesh) -> tuple:
     """The index's placements, all Replicate for a numpy key."""
     return tuple(idx.placements) if idx is not None else (Replicate(),) * mesh.ndim
+
+
+# -- keys on a device (Note [Keys on a device]) ----------------------------------------------------
+_NO_MEMORY = np.empty((), "V0")  # a stand-in of no bytes: numpy's indexing of it checks a key
+
+
+def host_key(what: str, x: DistTensor, key: Any) -> Any:
+    """``key`` (one entry or a tuple of entries) with its device arrays copied to the host:
+    indices are metadata that every rank plans with (an explicit copy, Note [Keys on a
+    device]). ``backend.mixed`` (TypeError) for a DistTensor or an array on another backend
+    than x's, before any communication."""
+    be = backend.of(x._local)
+    parts = key if isinstance(key, tuple) else (key,)
+    out = []
+    for k in parts:
+        local = k._local if isinstance(k, DistTensor) else k
+        if isinstance(k, DistTensor) or backend.is_device(local):
+            kb = backend.of(local)
+            if kb is not be:
+                raise backend.mixed(what, kb, be)
+            if kb.device and local is k:
+                k = kb.to_host(k)
+        out.append(k)
+    return tuple(out) if isinstance(key, tuple) else out[0]
+
+
+def _zero_d_bool(k: Any) -> bool:
+    return isinstance(k, (bool, np.bool_)) or (
+        isinstance(k, np.ndarray) and k.ndim == 0 and k.dtype == np.bool_
+    )
+
+
+def _device_key(be: backend.Backend, key: Any) -> tuple[Any, tuple]:
+    """numpy's key ``key`` (checked by numpy already) for an array of device backend ``be``, as
+    ``(pre, key)`` with ``a[key]`` numpy's value of it: ``a[pre][key]`` (``pre`` None: no
+    first step). Index arrays are moved to the device; a boolean array of one or more axes is
+    its ``nonzero()`` (numpy's meaning of it; CuPy takes a mask only alone); a 0-d boolean is
+    numpy's new advanced axis of length 1 or 0: a new axis in ``pre``, indexed by ``zeros(1
+    or 0)`` in ``key`` (Note [Keys on a device])."""
+    parts = key if isinstance(key, tuple) else (key,)
+    pre = None
+    if any(_zero_d_bool(k) for k in parts):
+        pre = tuple(
+            None if _zero_d_bool(k) else k if k is None or k is Ellipsis else slice(None)
+            for k in parts
+        )
+        parts = tuple(
+            np.zeros(int(k), np.intp) if _zero_d_bool(k) else slice(None) if k is None else k
+            for k in parts
+        )
+    out: list[Any] = []
+    for k in parts:
+        if isinstance(k, np.integer):
+            k = int(k)  # CuPy takes Python ints among index arrays
+        elif not (k is None or k is Ellipsis or isinstance(k, (int, slice))):
+            a = np.asarray(k)  # an index array: numpy's, a list, a range...
+            if a.dtype == np.bool_:
+                out.extend(be.asarray(i) for i in np.nonzero(a))
+                continue
+            if a.size == 0:
+                a = a.astype(np.intp)  # numpy takes [] as no indices
+            k = be.asarray(a) if a.ndim else a.item()
+        out.append(k)
+    return pre, tuple(out)
+
+
+def device_getitem(a: Any, key: Any) -> Any:
+    """numpy's ``a[key]`` on a device array ``a`` with a host key (an advanced key the
+    replicate fallback applies to the gathered value): numpy checks the key on a stand-in of
+    no memory (its IndexError for indices out of bounds, which CuPy would wrap), then the key
+    is made the device's (_device_key)."""
+    np.broadcast_to(_NO_MEMORY, a.shape)[key]  # numpy's errors, no data
+    pre, local_key = _device_key(backend.of(a), key)
+    return (a if pre is None else a[pre])[local_key]
+
+
+def _check_bounds(idx: Any, n: int, axis: int) -> None:
+    """numpy's IndexError for a device index array with entries out of bounds (CuPy wraps them
+    around): one flag read from the device, the first bad entry only when there is one."""
+    bad = idx >= n if idx.dtype.kind == "u" else (idx < -n) | (idx >= n)
+    if backend.to_host(bad.any()):
+        first = backend.to_host(idx[bad][:1])[0]
+        raise IndexError(f"index {first} is out of bounds for axis {axis} with size {n}")
 
 
 def _leading_coordinates(shape: tuple[int, ...], key: Any) -> list[np.ndarray] | None:
@@ -269,63 +377,72 @@ class _Plan:
                 if r == self.rank:
                     self.mine_from.append((int(s), chosen))
 
-    def _local_rows(self, positions: np.ndarray) -> tuple[np.ndarray, ...]:
-        """This rank's local coordinates on the indexed axes of the items at ``positions``."""
+    def _local_rows(self, positions: np.ndarray, xp: Any) -> tuple[Any, ...]:
+        """This rank's local coordinates on the indexed axes of the items at ``positions``, as
+        arrays of the shards' module ``xp`` (planned on the host, moved to a device: Note
+        [Keys on a device])."""
         box = self.spec.local_box(self.coord)
-        return tuple(c.reshape(-1)[positions] - box[a][0] for a, c in enumerate(self.coords))
+        return tuple(
+            xp.asarray(c.reshape(-1)[positions] - box[a][0]) for a, c in enumerate(self.coords)
+        )
 
-    def _out_rows(self, positions: np.ndarray) -> np.ndarray:
+    def _out_rows(self, positions: np.ndarray, xp: Any) -> Any:
         j0, _ = self.out_spec.local_box(self.coord)[0]
-        return positions - j0 * math.prod(self.coords[0].shape[1:])
+        return xp.asarray(positions - j0 * math.prod(self.coords[0].shape[1:]))
 
-    def forward(self, local: np.ndarray) -> np.ndarray:
+    def forward(self, local: Any) -> Any:
+        xp = backend.xp(local)  # numpy, or the device's module: buffers on the shards' device
         shape = self.out_spec.local_shape(self.coord)
         if self.coord is None:
-            return np.empty(shape, self.spec.dtype)
+            return xp.empty(shape, self.spec.dtype)
         trailing = local.shape[self.k :]
-        out = np.empty((math.prod(shape[: len(shape) - len(trailing)]), *trailing), local.dtype)
+        out = xp.empty((math.prod(shape[: len(shape) - len(trailing)]), *trailing), local.dtype)
         w = comm.world()
         pending = []
         for r, pos in self.sends.get(self.rank, []):
-            rows = local[self._local_rows(pos)]
+            rows = local[self._local_rows(pos, xp)]
             if r == self.rank:
-                out[self._out_rows(pos)] = rows
+                out[self._out_rows(pos, xp)] = rows
             else:
-                pending.append((w.isend(np.ascontiguousarray(rows), r, tag=11), None, None))
+                pending.append((w.isend(xp.ascontiguousarray(rows), r, tag=11), None, None))
         for s, pos in self.mine_from:
             if s != self.rank:
-                buf = np.empty((pos.size, *trailing), local.dtype)
+                buf = xp.empty((pos.size, *trailing), local.dtype)
                 pending.append((w.irecv(buf, s, tag=11), buf, pos))
         for work, buf, pos in pending:
             work.wait()
             if buf is not None:
-                out[self._out_rows(pos)] = buf
+                out[self._out_rows(pos, xp)] = buf
         return out.reshape(shape)
 
-    def backward(self, g: np.ndarray) -> np.ndarray:
-        """The items of ``g`` (this rank's output shard) added back where they came from."""
+    def backward(self, g: Any) -> Any:
+        """The items of ``g`` (this rank's output shard) added back where they came from
+        (the backend's scatter-add: np.add.at, cupyx.scatter_add)."""
+        be = backend.of(g)
+        xp = be.xp
         shape = self.spec.local_shape(self.coord)
-        grad = np.zeros(shape, self.spec.dtype)
+        grad = xp.zeros(shape, self.spec.dtype)
         if self.coord is None:
             return grad
         trailing = shape[self.k :]
-        flat = g.reshape(-1, *trailing)
+        # the positions counted, not -1: an empty trailing axis (an empty shard) leaves -1 open
+        flat = g.reshape(math.prod(g.shape[: g.ndim - len(trailing)]), *trailing)
         w = comm.world()
         pending = []
         for s, pos in self.mine_from:
-            rows = flat[self._out_rows(pos)]
+            rows = flat[self._out_rows(pos, xp)]
             if s == self.rank:
-                np.add.at(grad, self._local_rows(pos), rows)
+                be.scatter_add(grad, self._local_rows(pos, xp), rows)
             else:
-                pending.append((w.isend(np.ascontiguousarray(rows), s, tag=12), None, None))
+                pending.append((w.isend(xp.ascontiguousarray(rows), s, tag=12), None, None))
         for r, pos in self.sends.get(self.rank, []):
             if r != self.rank:
-                buf = np.empty((pos.size, *trailing), self.spec.dtype)
+                buf = xp.empty((pos.size, *trailing), self.spec.dtype)
                 pending.append((w.irecv(buf, r, tag=12), buf, pos))
         for work, buf, pos in pending:
             work.wait()
             if buf is not None:
-                np.add.at(grad, self._local_rows(pos), buf)
+                be.scatter_add(grad, self._local_rows(pos, xp), buf)
         return grad
 
 

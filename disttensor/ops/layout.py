@@ -9,6 +9,13 @@ kernels that know their shard's global box (spmd/layout_rules.py); take_along_ax
 only the mesh dims that split its axis; the stacking functions are concatenates of reshaped
 inputs; nonzero moves the indices, never the data (Note [Nonzero of split data]).
 
+On a device (Note [Array backends] in backend.py) every one of them computes on the device
+with the same communication as on the host: the kernels take the shards' array module (its
+diff, tril, diagonal, take_along_axis, cumsum), the boxes fetched point to point and the
+buffers of the all-gathers are device arrays, and only metadata is read back (nonzero's
+counts, the range check of take_along_axis's indices, which CuPy would wrap). The functions
+take plain device arrays too (their module's function).
+
 Note [Boxes by index maps]
     flip, roll and pad (mode="constant") are, on each axis, a map from output positions to
     input positions: ``n - 1 - j`` (flip), ``(j - s) mod n`` (roll), ``j - before`` where it
@@ -21,19 +28,20 @@ Note [Boxes by index maps]
     point. A flip of a split axis moves each shard to its mirror rank; a roll by s moves s
     rows across each boundary; a pad moves the few rows the shift pushes over a boundary.
     ``diff`` fetches its window (its output rows and the next n rows) the same way and runs
-    numpy's diff on it, so its values are numpy's bit for bit. Partial inputs are exchanged
-    within each group of ranks that share their coordinates on the Partial mesh dims (the
-    ranks that hold the shards of one partial value), so they stay Partial: these ops are
-    linear; the pad constant is written as a Replicate value made Partial (zeros off
-    coordinate 0 of a Partial(sum) mesh dim). diff reduces Partial(max/min) and bool Partials
-    first (not linear). The gradient of a map is the inverse map (the same exchange back),
-    of diff n times ``-diff(pad(g, 1, 1))``.
+    numpy's diff on it (the device's on a device), so its values are numpy's bit for bit.
+    Partial inputs are exchanged within each group of ranks that share their coordinates on
+    the Partial mesh dims (the ranks that hold the shards of one partial value), so they
+    stay Partial: these ops are linear; the pad constant is written as a Replicate value
+    made Partial (zeros off coordinate 0 of a Partial(sum) mesh dim). diff reduces
+    Partial(max/min) and bool Partials first (not linear). The gradient of a map is the
+    inverse map (the same exchange back), of diff n times ``-diff(pad(g, 1, 1))``.
 
 Note [Nonzero of split data]
     numpy's indices of the nonzero items are in C order. Each rank takes numpy's nonzero of
     its shard and adds its box's offsets; the shards' index lists, gathered from every rank
     (one all-gather of the per-rank counts, then one of the indices: bytes of the result,
-    never of the data), sorted into C order, are numpy's result on every rank, Replicate.
+    never of the data), sorted into C order (by their flat positions, which are distinct),
+    are numpy's result on every rank, Replicate.
     Where the counts show that the indices would be more bytes than the data (a dense
     input), the data is gathered instead and every rank takes numpy's nonzero of it: the
     second all-gather moves the smaller of the two.
@@ -59,7 +67,7 @@ import itertools
 import math
 import operator
 from collections.abc import Callable, Sequence
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any
 
 import numpy as np
@@ -139,6 +147,11 @@ def _cast(value: Any, dtype: np.dtype) -> Any:
     out = np.empty((), dtype)
     out[()] = value
     return out[()]
+
+
+def _shape_of(a: Any) -> tuple[int, ...]:
+    """The shape of a tensor or an array (numpy's np.shape refuses device arrays)."""
+    return a.shape if isinstance(a, DistTensor) or backend.is_device(a) else np.shape(a)
 
 
 # A map per axis: ("id",), ("flip",), ("roll", s) with 0 <= s < n, ("shift", b): out j <- in
@@ -257,14 +270,18 @@ def join_split(arrays: Sequence[Any], axis: int) -> DistTensor | None:
     pls = spec.placements
     if not any(p.is_shard(axis) and mesh.shape[m] > 1 for m, p in enumerate(pls)):
         return None
+    kind = type(first._local)  # operands on other backends: the rule refuses them
     for a in arrays:
-        shape = np.shape(a) if not isinstance(a, DistTensor) else a.shape
-        dtype = a.dtype if isinstance(a, (DistTensor, np.ndarray)) else None
+        if isinstance(a, DistTensor):
+            ours = type(a._local) is kind and a._spec.placements == pls and a.mesh == mesh
+        else:
+            ours = isinstance(a, np.ndarray) if kind is np.ndarray else type(a) is kind
+        shape = _shape_of(a)
         if (
-            len(shape) != nd
+            not ours
+            or len(shape) != nd
             or any(n != k for d, (n, k) in enumerate(zip(shape, spec.shape)) if d != axis)
-            or dtype != spec.dtype
-            or (isinstance(a, DistTensor) and (a._spec.placements != pls or a.mesh != mesh))
+            or a.dtype != spec.dtype
         ):
             return None
     parts = [a if isinstance(a, DistTensor) else _placed(a, mesh, pls) for a in arrays]
@@ -291,8 +308,8 @@ def join_split(arrays: Sequence[Any], axis: int) -> DistTensor | None:
     return out
 
 
-def _placed(a: np.ndarray, mesh: ProcessMesh, pls: tuple) -> DistTensor:
-    """A numpy operand with placements ``pls``: Replicate, then local slices and zeros."""
+def _placed(a: Any, mesh: ProcessMesh, pls: tuple) -> DistTensor:
+    """An array operand with placements ``pls``: Replicate, then local slices and zeros."""
     rep = DistTensor(a, DistSpec(mesh, (_R,) * mesh.ndim, a.shape, a.dtype))
     return reshard(rep, mesh, list(pls))
 
@@ -375,18 +392,18 @@ def _pairs(value: Any, ndim: int, what: str) -> np.ndarray:
 
 
 def pad(array, pad_width, mode="constant", **kwargs):
-    """``np.pad`` with ``mode="constant"`` (other modes: numpy's through the fallback): the
-    result keeps the placements; along a split axis each rank fetches the rows the padding
-    shifts across its boundaries (Note [Boxes by index maps]).
+    """``np.pad`` with ``mode="constant"`` (other modes: numpy's through the replicate
+    fallback, the device's pad on a device): the result keeps the placements; along a split
+    axis each rank fetches the rows the padding shifts across its boundaries (Note [Boxes by
+    index maps]).
 
     >>> import numpy as np, disttensor as dt
     >>> x = dt.shard_tensor(np.arange(4), dt.ProcessMesh([0]), [dt.Shard(0)])
     >>> dt.pad(x, (2, 1), constant_values=9).numpy()
     array([9, 9, 0, 1, 2, 3, 9])
     """
-    backend.host_only("pad", array, pad_width, mode)
     if not isinstance(array, DistTensor):
-        return np.pad(array, pad_width, mode, **kwargs)
+        return backend.xp(array).pad(array, pad_width, mode, **kwargs)
     if mode != "constant" or set(kwargs) - {"constant_values"}:
         raise Unsupported(f"mode={mode!r} or {sorted(kwargs)}")
     values = kwargs.get("constant_values", 0)
@@ -437,10 +454,11 @@ def _window_diff(x: DistTensor, n: int, axis: int) -> DistTensor:
     got = fetch_boxes(x, window)
     coord = spec.mesh.get_coord(comm.get_rank())
     lshape = out_spec.local_shape(coord)
+    xp = backend.xp(x._local)  # the shards' array module (Note [Array backends])
     if coord is None or math.prod(lshape) == 0:
-        local = np.empty(lshape, np.diff(np.empty((n + 1,), spec.dtype)).dtype)
+        local = xp.empty(lshape, np.diff(np.empty((n + 1,), spec.dtype)).dtype)
     else:
-        local = np.diff(got[0], n, axis)
+        local = xp.diff(got[0], n, axis)
     out = DistTensor(local, out_spec.replace(dtype=local.dtype))
     if x.requires_grad and autograd.is_grad_enabled():
         autograd.record_op("diff", (x,), {"n": n, "axis": axis}, out)
@@ -457,9 +475,10 @@ def diff(a, n=1, axis=-1, prepend=np._NoValue, append=np._NoValue):
     >>> dt.diff(x).numpy(), dt.diff(x, 2, prepend=0).numpy()
     (array([3, 5, 7]), array([2, 2, 2]))
     """
-    backend.host_only("diff", a, n, axis, prepend, append)
-    if not isinstance(a, DistTensor):
-        return np.diff(a, n, axis, prepend, append)
+    if not isinstance(a, DistTensor):  # CuPy's diff takes no np._NoValue: pass only those given
+        ends = {"prepend": prepend, "append": append}
+        ends = {k: v for k, v in ends.items() if v is not np._NoValue}
+        return backend.xp(a).diff(a, n, axis, **ends)
     n = operator.index(n)
     if n < 0:
         raise ValueError(f"order must be non-negative but got {n!r}")
@@ -471,11 +490,12 @@ def diff(a, n=1, axis=-1, prepend=np._NoValue, append=np._NoValue):
     for v, first in ((prepend, True), (append, False)):
         if v is np._NoValue:
             continue
-        if not isinstance(v, DistTensor) and np.ndim(v) == 0:  # a pad, in numpy's dtype
-            dtype = np.result_type(a.dtype, np.asarray(v).dtype)
+        device = backend.is_device(v)
+        if not isinstance(v, DistTensor) and _shape_of(v) == ():  # a pad, in numpy's dtype
+            dtype = np.result_type(a.dtype, v.dtype if device else np.asarray(v).dtype)
             a = shift_axis(a if dtype == a.dtype else _astype(a, dtype), axis, first, not first, v)
             continue
-        if not isinstance(v, DistTensor):
+        if not isinstance(v, DistTensor) and not device:
             v = np.asarray(v)
         if v.ndim == 0:  # numpy broadcasts it to one slice along the axis
             v = sh.broadcast_to(v, tuple(1 if d == axis else k for d, k in enumerate(a.shape)))
@@ -496,36 +516,49 @@ def _triangle(fn: Callable) -> Callable:
     return kernel
 
 
-def _diag_positions(offset: int):
-    return max(-offset, 0), max(offset, 0)
+Run = tuple[int, int]  # (start, count) of positions along an axis
 
 
-def _diagonal(x, offset=0, *, ctx: KernelContext | None = None):
+def _diagonal_run(offset: int, items: Run, rows: Run, cols: Run) -> tuple[int, int, int, int]:
+    """The items of diagonal ``offset`` among ``items`` ((start, count) of its positions)
+    that lie in the block of ``rows`` and ``cols`` ((start, count) each): item j is at (j +
+    max(-offset, 0), j + max(offset, 0)), so they are one run j in [lo, hi), at block row
+    ``r`` and column ``c`` onwards, one step down and right per item. (lo, hi, r, c); hi <= lo
+    when none is."""
+    j0r = rows[0] - max(-offset, 0)  # the item in the block's first row (j0c: column)
+    j0c = cols[0] - max(offset, 0)
+    lo = max(items[0], j0r, j0c)
+    hi = min(items[0] + items[1], j0r + rows[1], j0c + cols[1])
+    return lo, hi, lo - j0r, lo - j0c
+
+
+def _diagonal(x, offset=0, *, ctx: KernelContext | None = None, xp: Any = np):
     """Kernel of diagonal (last two axes): Note [Diagonals of split matrices]. Each output
-    position the rank holds takes its item where the rank holds it, else zero."""
+    position the rank holds takes its item where the rank holds it, else zero (one run of
+    the block's own diagonal: _diagonal_run). ``xp``: the array module."""
     if ctx is None:
-        return np.diagonal(x, offset, -2, -1).copy()
+        return xp.diagonal(x, offset, -2, -1).copy()
     spec = ctx.inputs[0]
     n, m = spec.shape[-2:]
     length = diagonal_length(n, m, offset)
     out_shape = ctx.local_shape(0)
-    out = np.zeros(out_shape, x.dtype)
+    out = xp.zeros(out_shape, x.dtype)
     if ctx.coord is None or math.prod(out_shape) == 0:
         return out
     box = spec.local_box(ctx.coord)
     out_spec = DistSpec(spec.mesh, ctx.outputs[0], (*spec.shape[:-2], length), spec.dtype)
     s, k = out_spec.local_box(ctx.coord)[-1]
-    dr, dc = _diag_positions(offset)
-    j = np.arange(s, s + k)
-    rows, cols = j + dr - box[-2][0], j + dc - box[-1][0]
-    ok = (rows >= 0) & (rows < box[-2][1]) & (cols >= 0) & (cols < box[-1][1])
-    out[..., ok] = x[..., rows[ok], cols[ok]]
+    lo, hi, r, c = _diagonal_run(offset, (s, k), box[-2], box[-1])
+    if hi > lo:
+        block = x[..., r : r + hi - lo, c : c + hi - lo]
+        out[..., lo - s : hi - s] = xp.diagonal(block, 0, -2, -1)
     return out
 
 
-def _diag_embed(v, offset=0, shape=(0, 0), *, ctx: KernelContext | None = None):
+def _diag_embed(v, offset=0, shape=(0, 0), *, ctx: KernelContext | None = None, xp: Any = np):
     """Kernel of diag_embed: ``v`` (..., L) onto diagonal ``offset`` of zeros (..., *shape);
-    this rank writes the items of its output box."""
+    this rank writes the items of its output box (one run: _diagonal_run). ``xp``: the array
+    module."""
     if ctx is None:
         out_shape, vbox, obox = (
             (*v.shape[:-1], *shape),
@@ -536,52 +569,90 @@ def _diag_embed(v, offset=0, shape=(0, 0), *, ctx: KernelContext | None = None):
         spec = ctx.inputs[0]
         out_shape = ctx.local_shape(0)
         if ctx.coord is None:
-            return np.zeros(out_shape, v.dtype)
+            return xp.zeros(out_shape, v.dtype)
         vbox = spec.local_box(ctx.coord)[-1]
         ospec = DistSpec(spec.mesh, ctx.outputs[0], (*spec.shape[:-1], *shape), spec.dtype)
         obox = ospec.local_box(ctx.coord)[-2:]
-    out = np.zeros(out_shape, v.dtype)
-    dr, dc = _diag_positions(offset)
-    j = np.arange(vbox[0], vbox[0] + vbox[1])
-    rows, cols = j + dr - obox[0][0], j + dc - obox[1][0]
-    ok = (rows >= 0) & (rows < obox[0][1]) & (cols >= 0) & (cols < obox[1][1])
-    out[..., rows[ok], cols[ok]] = v[..., ok]
+    out = xp.zeros(out_shape, v.dtype)
+    lo, hi, r, c = _diagonal_run(offset, vbox, obox[0], obox[1])
+    if hi > lo:
+        step = xp.arange(hi - lo)
+        out[..., r + step, c + step] = v[..., lo - vbox[0] : hi - vbox[0]]
     return out
 
 
-def _take_along_axis_grad(g, idx, axis=0, length=0, *, ctx: KernelContext | None = None):
-    """``g`` added at ``idx`` along ``axis`` into zeros with ``length`` items on it."""
+def _take_along_axis_device(arr, idx, axis, *, xp: Any):
+    """take_along_axis on a device. CuPy wraps an out-of-range index where numpy raises, so
+    the range is checked first (two reductions read back), with numpy's IndexError."""
+    n = arr.shape[axis]
+    if idx.size:
+        low, high = int(idx.min()), int(idx.max())
+        if low < -n or high >= n:
+            bad = low if low < -n else high
+            raise IndexError(f"index {bad} is out of bounds for axis {axis} with size {n}")
+    return xp.take_along_axis(arr, idx, axis)
+
+
+def _take_along_axis_grad(
+    g, idx, axis=0, length=0, *, ctx: KernelContext | None = None, be=backend.NUMPY
+):
+    """``g`` added at ``idx`` along ``axis`` into zeros with ``length`` items on it (the
+    backend's scatter-add: ``np.add.at`` on the host)."""
     shape = (
         ctx.local_shape(0) if ctx is not None else g.shape[:axis] + (length,) + g.shape[axis + 1 :]
     )
-    out = np.zeros(shape, g.dtype)
-    if g.size:
-        grid = list(np.indices(g.shape, sparse=True))
-        grid[axis] = np.where(idx < 0, idx + length, idx)
-        np.add.at(out, tuple(grid), g)
+    xp = be.xp
+    out = xp.zeros(shape, g.dtype)
+    if g.size:  # np.indices(g.shape, sparse=True), which CuPy's indices does not take
+        nd = g.ndim
+        grid = [xp.arange(n).reshape((1,) * a + (n,) + (1,) * (nd - a - 1))
+                for a, n in enumerate(g.shape)]  # fmt: skip
+        grid[axis] = xp.where(idx < 0, idx + length, idx)
+        be.scatter_add(out, tuple(grid), g)
     return out
 
 
 OPS: dict[str, Op] = {
-    "tril": Op("tril", _triangle(np.tril), rule="tril", ctx=True, moves_only=True),
-    "triu": Op("triu", _triangle(np.triu), rule="triu", ctx=True, moves_only=True),
-    "diagonal": Op("diagonal", _diagonal, rule="diagonal", ctx=True, moves_only=True),
-    "diag_embed": Op("diag_embed", _diag_embed, rule="diag_embed", ctx=True, moves_only=True),
-    "take_along_axis": Op(
-        "take_along_axis",
-        lambda arr, idx, axis: np.take_along_axis(arr, idx, axis),
-        rule="take_along_axis",
+    name: Op(
+        name,
+        _triangle(getattr(np, name)),
+        rule=name,
+        ctx=True,
         moves_only=True,
-    ),
-    "take_along_axis_grad": Op(
-        "take_along_axis_grad", _take_along_axis_grad, rule="take_along_axis_grad", ctx=True
-    ),
+        device=lambda be, name=name: _triangle(getattr(be.xp, name)),
+    )
+    for name in ("tril", "triu")
 }
+OPS["diagonal"] = Op(
+    "diagonal", _diagonal, rule="diagonal", ctx=True, moves_only=True, device=sh._xp(_diagonal)
+)
+OPS["diag_embed"] = Op(
+    "diag_embed",
+    _diag_embed,
+    rule="diag_embed",
+    ctx=True,
+    moves_only=True,
+    device=sh._xp(_diag_embed),
+)
+OPS["take_along_axis"] = Op(
+    "take_along_axis",
+    lambda arr, idx, axis: np.take_along_axis(arr, idx, axis),
+    rule="take_along_axis",
+    moves_only=True,
+    device=sh._xp(_take_along_axis_device),
+)
+OPS["take_along_axis_grad"] = Op(
+    "take_along_axis_grad",
+    _take_along_axis_grad,
+    rule="take_along_axis_grad",
+    ctx=True,
+    device=lambda be: partial(_take_along_axis_grad, be=be),
+)
 
 
 def _triangular(name: str, m, k) -> Any:
     if not isinstance(m, DistTensor):
-        return getattr(np, name)(m, k)
+        return getattr(backend.xp(m), name)(m, k)
     k = operator.index(k)
     if m.ndim == 0:
         raise Unsupported("numpy's error for a 0-d input")
@@ -600,13 +671,11 @@ def tril(m, k=0):
            [1, 1, 0],
            [1, 1, 1]])
     """
-    backend.host_only("tril", m, k)
     return _triangular("tril", m, k)
 
 
 def triu(m, k=0):
     """``np.triu``: local on every layout (Note [Triangles with global offsets])."""
-    backend.host_only("triu", m, k)
     return _triangular("triu", m, k)
 
 
@@ -619,9 +688,8 @@ def diagonal(a, offset=0, axis1=0, axis2=1):
     >>> dt.diagonal(x).numpy(), dt.diagonal(x, -1).numpy()
     (array([0, 4, 8]), array([3, 7]))
     """
-    backend.host_only("diagonal", a, offset, axis1, axis2)
     if not isinstance(a, DistTensor):
-        return np.diagonal(a, offset, axis1, axis2)
+        return backend.xp(a).diagonal(a, offset, axis1, axis2)
     nd = a.ndim
     if nd < 2:
         raise ValueError("diag requires an array of at least two dimensions")
@@ -636,7 +704,6 @@ def diagonal(a, offset=0, axis1=0, axis2=1):
 def diag_embed(v, offset: int = 0, shape: tuple[int, int] | None = None):
     """``v`` (..., L) written onto diagonal ``offset`` of zeros of (..., *shape) (default:
     square); the inverse of ``diagonal``."""
-    backend.host_only("diag_embed", v, offset, shape)
     k = operator.index(offset)
     if shape is None:
         side = v.shape[-1] + abs(k)
@@ -655,9 +722,8 @@ def diag(v, k=0):
            [0, 0, 2],
            [0, 0, 0]])
     """
-    backend.host_only("diag", v, k)
     if not isinstance(v, DistTensor):
-        return np.diag(v, k)
+        return backend.xp(v).diag(v, k)
     if v.ndim == 1:
         return diag_embed(v, k)
     if v.ndim == 2:
@@ -674,18 +740,13 @@ def trace(a, offset=0, axis1=0, axis2=1):
     >>> float(dt.trace(x)), float(dt.trace(x, 1))
     (12.0, 6.0)
     """
-    backend.host_only("trace", a, offset, axis1, axis2)
     if not isinstance(a, DistTensor):
-        return np.trace(a, offset, axis1, axis2)
+        return backend.xp(a).trace(a, offset, axis1, axis2)
     return red.sum(diagonal(a, offset, axis1, axis2), -1)
 
 
 # -- tensordot, take_along_axis ----------------------------------------------------------------
 _LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-
-
-def _shape_of(a: Any) -> tuple[int, ...]:
-    return a.shape if isinstance(a, DistTensor) else np.shape(a)
 
 
 def tensordot(a, b, axes=2):
@@ -697,7 +758,6 @@ def tensordot(a, b, axes=2):
     array([[ 3.,  3.],
            [12., 12.]])
     """
-    backend.host_only("tensordot", a, b, axes)
     sa, sb = _shape_of(a), _shape_of(b)
     na, nb = len(sa), len(sb)
     try:
@@ -739,12 +799,15 @@ def take_along_axis(arr, indices, axis=-1):
     array([[30],
            [60]])
     """
-    backend.host_only("take_along_axis", arr, indices, axis)
     if not isinstance(arr, DistTensor):
         if isinstance(indices, DistTensor):
             raise Unsupported("a numpy array with DistTensor indices")
+        if backend.is_device(arr):  # CuPy's take_along_axis takes an int axis only
+            if axis is None:
+                arr, axis = arr.ravel(), 0
+            return _take_along_axis_device(arr, indices, axis, xp=backend.xp(arr))
         return np.take_along_axis(arr, indices, axis)
-    if not isinstance(indices, DistTensor):
+    if not isinstance(indices, DistTensor) and not backend.is_device(indices):
         indices = np.asarray(indices)
     if indices.dtype.kind not in "iu":
         raise IndexError("`indices` must be an integer array")
@@ -861,50 +924,56 @@ def _spread(x: DistTensor) -> DistTensor:
     return x if tuple(pls) == x._spec.placements else reshard(x, mesh, pls)
 
 
-def _replicated(value: np.ndarray, mesh: ProcessMesh) -> DistTensor:
+def _replicated(value: Any, mesh: ProcessMesh) -> DistTensor:
     spec = DistSpec(mesh, (_R,) * mesh.ndim, value.shape, value.dtype)
     coord = mesh.get_coord(comm.get_rank())
-    local = value if coord is not None else np.empty(spec.local_shape(None), value.dtype)
-    return DistTensor(local, spec)
+    if coord is None:
+        value = backend.xp(value).empty(spec.local_shape(None), value.dtype)
+    return DistTensor(value, spec)
 
 
-def _nonzero_coords(a: DistTensor) -> np.ndarray | None:
+def _nonzero_coords(a: DistTensor) -> Any:
     """The (count, ndim) global indices of a's nonzero items in C order, on every rank of the
-    mesh (None elsewhere): Note [Nonzero of split data]."""
+    mesh (None elsewhere), in the shards' array type: Note [Nonzero of split data]."""
     x = _spread(a)
     spec = x._spec
     mesh = spec.mesh
     coord = mesh.get_coord(comm.get_rank())
     if coord is None:
         return None
+    be = backend.of(x._local)  # the shards' backend (Note [Array backends])
+    xp = be.xp
     box = spec.local_box(coord)
-    local = np.stack(np.nonzero(x._local), axis=1).astype(np.intp, copy=False)
-    local += np.array([s for s, _ in box], np.intp)
+    local = xp.stack(xp.nonzero(x._local), axis=1).astype(np.intp, copy=False)
+    local += be.asarray(np.array([s for s, _ in box], np.intp))
     nd = spec.ndim
     if mesh.size == 1:
         return local
     group = comm.group(tuple(mesh.process_ids))
-    counts = np.empty(mesh.size, np.int64)
-    group.allgather(np.array([local.shape[0]], np.int64), counts, [1] * mesh.size)
+    counts = xp.empty(mesh.size, np.int64)
+    group.allgather(be.asarray(np.array([local.shape[0]], np.int64)), counts, [1] * mesh.size)
+    counts = backend.to_host(counts)  # the sizes of the next all-gather: host metadata
     total = int(counts.sum())
     if total * nd * np.dtype(np.intp).itemsize > spec.dtype.itemsize * math.prod(spec.shape):
-        return np.argwhere(_gathered(x, group))  # denser than the data: that moves less
-    flat = np.empty(total * nd, np.intp)
-    group.allgather(np.ascontiguousarray(local).reshape(-1), flat, [int(c) * nd for c in counts])
+        return xp.argwhere(_gathered(x, group))  # denser than the data: that moves less
+    flat = xp.empty(total * nd, np.intp)
+    group.allgather(xp.ascontiguousarray(local).reshape(-1), flat, [int(c) * nd for c in counts])
     coords = flat.reshape(-1, nd)
-    order = np.lexsort(coords.T[::-1]) if nd > 1 else np.argsort(coords[:, 0], kind="stable")
-    return coords[order]
+    # C order is the order of the flat positions, which are distinct: any sort gives it
+    # (CuPy's lexsort and argsort take no kind= in every version)
+    return coords[xp.argsort(xp.ravel_multi_index(tuple(coords.T), spec.shape))]
 
 
-def _gathered(x: DistTensor, group: comm.Communicator) -> np.ndarray:
+def _gathered(x: DistTensor, group: comm.Communicator) -> Any:
     """The global value of ``x`` (every item on one rank: ``_spread``) from one all-gather
     of the shards over the mesh."""
     spec, mesh = x._spec, x.mesh
+    xp = backend.xp(x._local)
     boxes = [spec.local_box(mesh.get_coord(r)) for r in mesh.process_ids]
     sizes = [math.prod(n for _, n in box) for box in boxes]
-    flat = np.empty(sum(sizes), spec.dtype)
-    group.allgather(np.ascontiguousarray(x._local).reshape(-1), flat, sizes)
-    whole = np.empty(spec.shape, spec.dtype)
+    flat = xp.empty(sum(sizes), spec.dtype)
+    group.allgather(xp.ascontiguousarray(x._local).reshape(-1), flat, sizes)
+    whole = xp.empty(spec.shape, spec.dtype)
     start = 0
     for box, size in zip(boxes, sizes):
         whole[tuple(slice(s, s + n) for s, n in box)] = flat[start : start + size].reshape(
@@ -923,45 +992,45 @@ def nonzero(a):
     >>> [i.numpy() for i in dt.nonzero(x)]
     [array([0, 1]), array([1, 0])]
     """
-    backend.host_only("nonzero", a)
     if not isinstance(a, DistTensor):
-        return np.nonzero(a)
-    if a.ndim == 0:
-        raise Unsupported("numpy's error for a 0-d input")
+        return backend.xp(a).nonzero(a)
+    if a.ndim == 0:  # numpy's ValueError, on the host and on a device alike
+        np.nonzero(np.empty((), a.dtype))
+        raise Unsupported("numpy's result for a 0-d input")
+    xp = backend.xp(a._local)
     coords = _nonzero_coords(a)
-    empty = np.empty((0, a.ndim), np.intp)
-    coords = empty if coords is None else coords
-    return tuple(_replicated(np.ascontiguousarray(coords[:, d]), a.mesh) for d in range(a.ndim))
+    coords = xp.empty((0, a.ndim), np.intp) if coords is None else coords
+    return tuple(_replicated(xp.ascontiguousarray(coords[:, d]), a.mesh) for d in range(a.ndim))
 
 
 def argwhere(a):
     """``np.argwhere``: the (N, ndim) indices of the nonzero items, Replicate."""
-    backend.host_only("argwhere", a)
     if not isinstance(a, DistTensor):
-        return np.argwhere(a)
+        return backend.xp(a).argwhere(a)
+    xp = backend.xp(a._local)
     flat = a.ndim == 0
     coords = _nonzero_coords(sh.reshape(a, (1,)) if flat else a)
     count = 0 if coords is None else coords.shape[0]
     if flat:
-        coords = np.empty((count, 0), np.intp)
+        coords = xp.empty((count, 0), np.intp)
     elif coords is None:
-        coords = np.empty((0, a.ndim), np.intp)
+        coords = xp.empty((0, a.ndim), np.intp)
     return _replicated(coords, a.mesh)
 
 
 def flatnonzero(a):
     """``np.flatnonzero``: the indices of the nonzero items of the raveled tensor, Replicate
     (computed from ``nonzero``'s indices: the raveled tensor is never formed)."""
-    backend.host_only("flatnonzero", a)
     if not isinstance(a, DistTensor):
-        return np.flatnonzero(a)
+        return backend.xp(a).flatnonzero(a)
+    xp = backend.xp(a._local)
     if a.ndim == 0:
         a = sh.reshape(a, (1,))
     coords = _nonzero_coords(a)
     if coords is None:
-        flat = np.empty(0, np.intp)
+        flat = xp.empty(0, np.intp)
     else:
-        flat = np.ravel_multi_index(tuple(coords.T), a.shape).astype(np.intp, copy=False)
+        flat = xp.ravel_multi_index(tuple(coords.T), a.shape).astype(np.intp, copy=False)
     return _replicated(flat, a.mesh)
 
 

@@ -24,6 +24,18 @@ Note [Copies where numpy has views]
     numpy view. So ``x[2:5] += 1`` and ``y = x[2:5]; y *= 2`` change x as in numpy. A
     difference remains: such a copy does not see later writes into its source.
 
+Note [Integer-array and boolean writes on a device]
+    ``x[idx] = v`` and ``x[mask] = v`` work out every written element's global coordinates on
+    the host (numpy's indexing of coordinate grids, as for host shards: the key is metadata,
+    Note [Keys on a device] in ops/indexing.py), and then move to the device only this rank's
+    local coordinates and the values it writes: a host value's selected elements (an explicit
+    write, as ``x[key] = host_value`` copies), a device value's by one index on the device.
+    A DistTensor value is gathered with the host run's exchange and stays on the device
+    (``global_value``). Where a key names an element more than once, numpy stores the last
+    value and CuPy leaves which one undefined, so the device write keeps only the last
+    occurrence of each element (found on the host). ``x[mask] = scalar`` with a DistTensor
+    mask of x's layout writes through the mask's own device shard.
+
 Note [Mutation and autograd]
     A write into a tensor that requires a gradient, or of a value that requires one, raises
     while gradients are recorded: the tape has no in-place ops. Under ``dt.no_grad()`` writes
@@ -53,9 +65,10 @@ import numpy as np
 from .. import autograd, backend, comm
 from .. import reshard as _reshard
 from ..accounting import outside_rules
-from ..placement import Partial
+from ..placement import Partial, Replicate
 from ..spmd.shape_rules import canonical_key, index_layout, within
 from ..tensor import DistTensor, reshard
+from . import indexing
 
 
 # -- checks ------------------------------------------------------------------------------------
@@ -79,7 +92,12 @@ def check_writable(target: DistTensor, value: Any, what: str) -> None:
 
 
 def _shape(a: Any) -> tuple[int, ...]:
-    return a.shape if isinstance(a, DistTensor) else np.shape(a)
+    """``np.shape(a)`` for any value: DistTensors and device arrays too (numpy's functions
+    refuse device arrays); Python scalars first, as they are the most frequent values."""
+    if isinstance(a, (int, float, complex)):
+        return ()
+    s = getattr(a, "shape", None)  # DistTensors, numpy's and device arrays, numpy scalars
+    return s if s is not None else np.shape(a)
 
 
 def _strip_leading_ones(shape: tuple[int, ...], ndim: int) -> int:
@@ -264,11 +282,33 @@ def _as_region(value: DistTensor, vshape: tuple[int, ...], region: tuple[int, ..
     return value
 
 
+def same_device(what: str, target: DistTensor, value: Any) -> None:
+    """``backend.mixed`` (TypeError) for a value that cannot be written into ``target`` without
+    a silent copy: a DistTensor of another backend, or a device array of another backend (a
+    host value into device shards is copied in, explicitly)."""
+    be = backend.of(target._local)
+    local = value._local if isinstance(value, DistTensor) else value
+    vb = backend.of(local)
+    if vb is not be and (vb.device or isinstance(value, DistTensor)):
+        raise backend.mixed(what, vb, be)
+
+
+def global_value(value: DistTensor) -> Any:
+    """``value``'s global value on every rank of its mesh, on its own backend (collective):
+    ``value.numpy()`` on the host; on a device the same exchange, its result left there."""
+    if not backend.is_device(value._local):
+        return value.numpy()
+    with autograd.no_grad():
+        return reshard(value, value.mesh, [Replicate()] * value.mesh.ndim)._local
+
+
 def _write_advanced(target: DistTensor, key: tuple, value: Any) -> None:
     """Integer-array and boolean keys: every written element's global coordinates, found by
     numpy's own indexing of broadcast coordinate grids (so numpy decides the result's shape
-    and checks the key), then each rank writes the elements its shard holds."""
-    backend.host_only("x[key] = value with an integer-array or boolean key", target, key, value)
+    and checks the key), then each rank writes the elements its shard holds (on a device:
+    Note [Integer-array and boolean writes on a device])."""
+    key = indexing.host_key("x[key] = value", target, key)
+    same_device("x[key] = value", target, value)
     spec = target._spec
     if _local_mask(target, key, value):
         return
@@ -287,8 +327,9 @@ def _write_advanced(target: DistTensor, key: tuple, value: Any) -> None:
     if isinstance(value, DistTensor):
         reason = "the value of an integer-array or boolean write: gathered"
         with outside_rules("setitem", reason, always=False):
-            value = value.numpy()  # collective: the value's bytes, once
-    v = np.broadcast_to(np.asarray(value).reshape(vshape), region)
+            value = global_value(value)  # collective: the value's bytes, once
+    vb = backend.of(value)  # numpy for host values
+    v = vb.xp.broadcast_to(vb.asarray(value).reshape(vshape), region)
     coord = spec.mesh.get_coord(comm.get_rank())
     if coord is None:
         return
@@ -296,6 +337,9 @@ def _write_advanced(target: DistTensor, key: tuple, value: Any) -> None:
     sel = np.ones(region, bool)
     for c, (start, n) in zip(coords, box):
         sel &= (c >= start) & (c < start + n)
+    if backend.is_device(target._local):
+        _write_on_device(target, coords, box, sel, v, _writes_value(target, coord))
+        return
     local = tuple(c[sel] - start for c, (start, _) in zip(coords, box))
     if not shape:  # a 0-d target: the key selects it or not
         local = ()
@@ -304,6 +348,37 @@ def _write_advanced(target: DistTensor, key: tuple, value: Any) -> None:
         target._local[()] = v[sel][-1] if _writes_value(target, coord) else 0
         return
     target._local[local] = v[sel] if _writes_value(target, coord) else 0
+
+
+def _write_on_device(
+    target: DistTensor, coords: list, box: tuple, sel: np.ndarray, v: Any, writes: bool
+) -> None:
+    """The tail of ``_write_advanced`` for device shards (Note [Integer-array and boolean
+    writes on a device]): ``sel`` (host) marks the region's elements this rank holds, at
+    global ``coords`` (host); ``v`` is the value broadcast to the region (host or device)."""
+    be = backend.of(target._local)
+    if sel.ndim == 0:  # a 0-d region: one element, or none
+        sel, v, coords = sel.reshape(1), v.reshape(1), [c.reshape(1) for c in coords]
+    local = [c[sel] - start for c, (start, _) in zip(coords, box)]
+    keep = None
+    if local and local[0].size > 1:
+        flat = np.ravel_multi_index(local, target._local.shape)
+        last = flat.size - 1 - np.unique(flat[::-1], return_index=True)[1]
+        if last.size < flat.size:  # an element named twice: numpy's last value, only
+            keep = np.sort(last)
+            local = [c[keep] for c in local]
+    if writes:
+        vals = v[sel] if not backend.is_device(v) else v[be.asarray(sel)]
+        if keep is not None:
+            vals = vals[be.asarray(keep) if backend.is_device(vals) else keep]
+        vals = be.asarray(vals)  # a host value: its written elements copied in
+    else:
+        vals = 0
+    if not local:  # a 0-d target: the last value that the key names it with
+        if sel.any():
+            target._local[()] = vals[-1] if writes else 0
+        return
+    target._local[tuple(be.asarray(c) for c in local)] = vals
 
 
 def _local_mask(target: DistTensor, key: tuple, value: Any) -> bool:
@@ -324,6 +399,8 @@ def _local_mask(target: DistTensor, key: tuple, value: Any) -> bool:
             mask = reshard(mask, want.mesh, list(want.placements))
     coord = target._spec.mesh.get_coord(comm.get_rank())
     if coord is not None:
+        if isinstance(value, np.ndarray) and backend.is_device(target._local):
+            value = backend.of(target._local).asarray(value)  # a 0-d host array: copied in
         target._local[mask._local] = value if _writes_value(target, coord) else 0
     return True
 

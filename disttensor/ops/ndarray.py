@@ -17,12 +17,24 @@ Each public attribute of ``numpy.ndarray`` is, on a DistTensor (tensor.py delega
   ``tofile``, ``format(x, spec)``;
 * refused with a reason (REFUSED): ``strides``, ``ctypes``, ``data``, ``base``.
 
+On device shards (Note [Array backends] in backend.py) the local computations run with the
+shard's array module (``xp.take``, ``xp.partition``...) and the writes through the device
+writes of ops/mutation.py, with the host run's communication; index arguments (``take``'s
+and ``put``'s indices, ``kth``) are metadata checked on the host, as numpy checks them, and
+moved to the device. ``getfield``, ``setfield`` and ``byteswap`` stay host-only
+(NotImplementedError naming them and GPU): CuPy's ndarray has none of them.
+
 Note [Along one axis]
     partition, argpartition and take treat each 1-D lane along ``axis`` on its
     own. With that axis whole on every rank (the mesh dims that split it gathered, an
     all-gather over those mesh dims only) each rank computes its own lanes with numpy, and
     the result keeps the other axes' splits. Partial inputs are reduced first, except for
-    take, which only moves elements (so every Partial passes through exactly).
+    take, which only moves elements (so every Partial passes through exactly). On a device
+    the lanes are CuPy's ``partition``/``argpartition``/``take``: CuPy has no ``kind`` and
+    no ``mode``, so numpy's only kind is checked and ``take``'s indices are made in bounds
+    for the mode on the host; numpy's kth checks run on the host too (CuPy's messages
+    differ). A partition fixes only the kth positions: the others may hold other values on a
+    GPU than on the CPU (numpy leaves their order unspecified; CuPy sorts more).
 
 >>> import numpy as np, disttensor as dt
 >>> def program():
@@ -46,12 +58,13 @@ from typing import Any, ClassVar
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_index
 
-from .. import autograd, backend, comm, creation
+from .. import autograd, backend, comm
 from ..accounting import outside_rules
 from ..dispatch import fallback
 from ..placement import Replicate, Shard
-from ..tensor import DistTensor, reshard
-from . import mutation
+from ..spec import DistSpec
+from ..tensor import DistTensor, from_spec_block, reshard
+from . import indexing, mutation
 from . import reduction as red
 from . import shape as sh
 from .elementwise import OPS as EW
@@ -90,11 +103,13 @@ def _coord(spec) -> tuple[int, ...] | None:
     return spec.mesh.get_coord(comm.get_rank())
 
 
-def _make(local: Any, spec) -> DistTensor:
-    """A DistTensor of this rank's result ``local`` (ranks outside the mesh: an empty shard)."""
+def _make(local: Any, spec, like: Any) -> DistTensor:
+    """A DistTensor of this rank's result ``local`` on the backend of ``like`` (the input's
+    shard); ranks outside the mesh: an empty shard."""
+    be = backend.of(like)
     if _coord(spec) is None:
-        local = np.empty(spec.local_shape(None), spec.dtype)
-    return DistTensor(np.asarray(local), spec)
+        local = be.xp.empty(spec.local_shape(None), spec.dtype)
+    return DistTensor(be.asarray(local), spec)
 
 
 def _to(x: DistTensor, placements: list) -> DistTensor:
@@ -116,13 +131,23 @@ def _no_gradient(name: str, inputs: tuple, out: DistTensor) -> DistTensor:
     return out
 
 
+_GATHERED = "a DistTensor argument: gathered"
+
+
 def _gathered(v: Any, name: str) -> Any:
-    """A DistTensor argument's global value (collective, accounted: Note [Communication
-    outside rules] in dispatch.py); anything else as it is."""
+    """A DistTensor argument's global value on the host (collective, accounted: Note
+    [Communication outside rules] in dispatch.py); anything else as it is."""
     if not isinstance(v, DistTensor):
         return v
-    with outside_rules(name, "a DistTensor argument: gathered", always=False):
+    with outside_rules(name, _GATHERED, always=False):
         return v.numpy()
+
+
+def _host_index(x: DistTensor, v: Any, name: str) -> Any:
+    """An index argument of an op on ``x`` (indices, kth, a flat key) as host data: a
+    DistTensor gathered, a device array copied out (indices are metadata the ranks plan
+    with: Note [Keys on a device] in ops/indexing.py); TypeError for another backend's."""
+    return _gathered(indexing.host_key(name, x, v), name)
 
 
 # -- metadata (no communication) --------------------------------------------------------------
@@ -282,7 +307,6 @@ def reshape(x: DistTensor, shape: Any, order: str = "C", copy: Any = None) -> Di
 
 def sort_in_place(x: DistTensor, axis: Any, kind: Any, order: Any, stable: Any) -> None:
     """``x.sort(axis)``: np.sort's result written into ``x`` (aliases see it)."""
-    backend.host_only("sort", x, axis, kind, order, stable)
     if axis is None:
         raise TypeError("'NoneType' object cannot be interpreted as an integer")
     mutation.check_writable(x, None, "sort")
@@ -291,7 +315,6 @@ def sort_in_place(x: DistTensor, axis: Any, kind: Any, order: Any, stable: Any) 
 
 def partition_in_place(x: DistTensor, kth: Any, axis: Any, kind: str, order: Any) -> None:
     """``x.partition(kth, axis)``: np.partition's result written into ``x``."""
-    backend.host_only("partition", x, kth, axis, kind, order)
     if axis is None:
         raise TypeError("'NoneType' object cannot be interpreted as an integer")
     mutation.check_writable(x, None, "partition")
@@ -363,22 +386,24 @@ def view(x: DistTensor, dtype: Any = None, type: Any = None) -> DistTensor:
         shape = shape[:-1] + last_axis.shape
     out_spec = spec.replace(dtype=dtype, shape=shape)
     local = x._local.view(dtype) if _coord(spec) is not None else None
-    return _make(local, out_spec)
+    return _make(local, out_spec, x._local)
 
 
 def getfield(x: DistTensor, dtype: Any, offset: int = 0) -> DistTensor:
     """``x.getfield(dtype, offset)``: each element's bytes at ``offset`` read as ``dtype``, on
-    each shard (Partials reduced first: bits are not linear)."""
+    each shard (Partials reduced first: bits are not linear). Host shards only: CuPy's
+    ndarray has no getfield."""
     backend.host_only("getfield", x, dtype, offset)
     y = _plain(x)
     spec = y._spec.replace(dtype=np.dtype(dtype))
     np.empty(0, x.dtype).getfield(dtype, offset)  # numpy's errors, on every rank alike
     local = y._local.getfield(dtype, offset) if _coord(spec) is not None else None
-    return _no_gradient("getfield", (y,), _make(local, spec))
+    return _no_gradient("getfield", (y,), _make(local, spec, y._local))
 
 
 def setfield(x: DistTensor, val: Any, dtype: Any, offset: int = 0) -> None:
-    """``x.setfield(val, dtype, offset)``: written in place (aliases see it)."""
+    """``x.setfield(val, dtype, offset)``: written in place (aliases see it). Host shards
+    only: CuPy's ndarray has no setfield."""
     backend.host_only("setfield", x, val, dtype, offset)
     mutation.check_writable(x, val, "setfield")
     np.empty(0, x.dtype).getfield(dtype, offset)  # numpy's errors, on every rank alike
@@ -394,7 +419,8 @@ def setfield(x: DistTensor, val: Any, dtype: Any, offset: int = 0) -> None:
 
 def byteswap(x: DistTensor, inplace: bool = False) -> DistTensor:
     """``x.byteswap()``: each shard's bytes swapped (Partials reduced first); ``inplace=True``
-    writes the result into ``x`` (aliases see it) and returns ``x``."""
+    writes the result into ``x`` (aliases see it) and returns ``x``. Host shards only:
+    CuPy's ndarray has no byteswap."""
     backend.host_only("byteswap", x, inplace)
     y = _plain(x)
     out = DistTensor(y._local.byteswap(), y._spec)
@@ -415,7 +441,7 @@ def fill(x: DistTensor, value: Any) -> None:
 
 def _flat_indices(x: DistTensor, ind: Any, mode: str) -> np.ndarray:
     """Flat indices of ``put``/``x.flat[...] =`` as numpy resolves them for ``mode``."""
-    idx = np.asarray(_gathered(ind, "put"))
+    idx = np.asarray(_host_index(x, ind, "put"))
     if idx.dtype.kind not in "iub":
         idx = idx.astype(np.intp, casting="same_kind")  # numpy's TypeError for floats
     idx = idx.astype(np.intp).ravel()
@@ -438,14 +464,20 @@ def _flat_indices(x: DistTensor, ind: Any, mode: str) -> np.ndarray:
 
 def put(x: DistTensor, indices: Any, values: Any, mode: str = "raise") -> None:
     """``x.put(indices, values, mode)``: flat positions set in place (values repeated as
-    numpy does), each rank writing the positions it holds."""
-    backend.host_only("put", x, indices, values, mode)
+    numpy does), each rank writing the positions it holds (a DistTensor value gathered on its
+    own device)."""
     mutation.check_writable(x, values, "put")
+    mutation.same_device("put", x, values)
     idx = _flat_indices(x, indices, mode)
-    v = np.asarray(_gathered(values, "put")).ravel()
+    if isinstance(values, DistTensor):
+        with outside_rules("put", _GATHERED, always=False):
+            values = mutation.global_value(values)
+    vb = backend.of(values)  # numpy for host values
+    v = vb.asarray(values).ravel()
     if idx.size == 0 or v.size == 0:
         return
-    v = np.resize(v, idx.size)  # repeated cyclically, extra values ignored (numpy's rule)
+    # numpy's rule (np.resize): repeated cyclically, extra values ignored
+    v = vb.xp.tile(v, -(-idx.size // v.size))[: idx.size]
     if x.ndim == 0:
         mutation.assign(x, v[-1])
         return
@@ -456,7 +488,6 @@ def resize(x: DistTensor, new_shape: Any, refcheck: bool = True) -> None:
     """``x.resize(new_shape)``: in place, as numpy: the elements in C order, cut or padded
     with zeros. The tensor gets a new shard and spec (its placements kept where they fit the
     new shape); every reference to ``x`` sees it, but not tensors made from ``x`` before."""
-    backend.host_only("resize", x, new_shape, refcheck)
     if new_shape is None:  # x.resize(): nothing to do
         return
     shape = (new_shape,) if isinstance(new_shape, (int, np.integer)) else tuple(new_shape)
@@ -469,7 +500,9 @@ def resize(x: DistTensor, new_shape: Any, refcheck: bool = True) -> None:
         if n <= size:
             flat = sh.getitem(flat, slice(0, n))
         else:
-            pad = creation.zeros(n - size, x.dtype, mesh=x.mesh)
+            be = backend.of(x._local)  # zeros on x's own device
+            pad_spec = DistSpec.make(x.mesh, [_R] * x.mesh.ndim, (n - size,), x.dtype)
+            pad = from_spec_block(lambda _: be.xp.zeros(n - size, x.dtype), pad_spec, on=be)
             flat = sh.concatenate([flat, pad])
         out = sh.reshape(flat, shape)
         keep = [p for p in x._spec.placements if not p.is_shard() or p.dim < len(shape)]
@@ -617,7 +650,7 @@ class FlatIter:
         elif isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_)):
             idx = np.array([int(key)])
         else:
-            k = np.asarray(_gathered(key, "flat[key] ="))
+            k = np.asarray(_host_index(self.base, key, "flat[key] ="))
             idx = np.flatnonzero(k) if k.dtype == np.bool_ else k
         put(self.base, idx, value)
 
@@ -639,14 +672,13 @@ def along_axis(x: DistTensor, axis: int, keep_partials: bool = False) -> DistTen
 
 def _lanes(name: str, x: DistTensor, axis: Any, fn: Callable, dtype: Any) -> DistTensor:
     """``fn(local, axis)`` on the shards with ``axis`` made whole; ``axis=None``: flattened."""
-    backend.host_only(name, x)
     if axis is None:
         x, axis = sh.ravel(x), 0
     axis = normalize_axis_index(operator.index(axis), x.ndim)
     y = along_axis(x, axis)
     spec = y._spec.replace(dtype=np.dtype(dtype))
     local = fn(y._local, axis) if _coord(spec) is not None else None
-    return _no_gradient(name, (y,), _make(local, spec))
+    return _no_gradient(name, (y,), _make(local, spec, y._local))
 
 
 def _no_order(order: Any) -> None:
@@ -657,7 +689,6 @@ def _no_order(order: Any) -> None:
 def sort(a: Any, axis: Any = -1, kind: Any = None, order: Any = None, *, stable: Any = None):
     """``np.sort``: distributed along split axes, ops/sorting.py (imported here lazily: it
     builds on this module)."""
-    backend.host_only("sort", a, axis, kind, order)
     from . import sorting
 
     return sorting.sort(a, axis, kind, order, stable=stable)
@@ -665,7 +696,6 @@ def sort(a: Any, axis: Any = -1, kind: Any = None, order: Any = None, *, stable:
 
 def argsort(a: Any, axis: Any = -1, kind: Any = None, order: Any = None, *, stable: Any = None):
     """``np.argsort``: distributed along split axes, ops/sorting.py."""
-    backend.host_only("argsort", a, axis, kind, order)
     from . import sorting
 
     return sorting.argsort(a, axis, kind, order, stable=stable)
@@ -673,32 +703,56 @@ def argsort(a: Any, axis: Any = -1, kind: Any = None, order: Any = None, *, stab
 
 def partition(a: Any, kth: Any, axis: Any = -1, kind: str = "introselect", order: Any = None):
     """``np.partition``: each lane along ``axis`` on the rank holding it."""
-    backend.host_only("partition", a, kth, axis, kind, order)
     _no_order(order)
     if not isinstance(a, DistTensor):
         raise Unsupported("no DistTensor to partition")
-    kth = _gathered(kth, "partition")
-    return _lanes("partition", a, axis, lambda v, ax: np.partition(v, kth, ax, kind), a.dtype)
+    kth = _host_index(a, kth, "partition")
+    return _lanes("partition", a, axis, _selection("partition", kth, kind), a.dtype)
 
 
 def argpartition(a: Any, kth: Any, axis: Any = -1, kind: str = "introselect", order: Any = None):
     """``np.argpartition``: each lane along ``axis`` on the rank holding it."""
-    backend.host_only("argpartition", a, kth, axis, kind, order)
     _no_order(order)
     if not isinstance(a, DistTensor):
         raise Unsupported("no DistTensor to partition")
-    kth = _gathered(kth, "argpartition")
-    fn = lambda v, ax: np.argpartition(v, kth, ax, kind)  # noqa: E731
-    return _lanes("argpartition", a, axis, fn, np.intp)
+    kth = _host_index(a, kth, "argpartition")
+    return _lanes("argpartition", a, axis, _selection("argpartition", kth, kind), np.intp)
+
+
+def _selection(name: str, kth: Any, kind: str) -> Callable:
+    """The lane function of np.partition/np.argpartition (``name``): numpy's own on host
+    shards; on a device the module's, which has no ``kind`` and other errors, so numpy's
+    checks run first (Note [Along one axis])."""
+
+    def run(v: Any, axis: int) -> Any:
+        be = backend.of(v)
+        if not be.device:
+            return getattr(np, name)(v, kth, axis, kind)
+        n = v.shape[axis]
+        k = np.asarray(kth)
+        ok = kind == "introselect" and k.dtype.kind in "iu" and k.ndim <= 1
+        if not (ok and ((k >= -n) & (k < n)).all()):
+            getattr(np, name)(np.zeros(n, np.int8), kth, kind=kind)  # numpy's error
+        k = np.where(k < 0, k + n, k).tolist()  # Python ints, as CuPy takes them
+        if k == []:  # no kth: numpy leaves the lanes as they are (CuPy would sort them)
+            if name == "partition":
+                return v.copy()
+            lane = be.xp.arange(n, dtype=np.intp).reshape(
+                [-1 if d == axis else 1 for d in range(v.ndim)]
+            )
+            return be.xp.ascontiguousarray(be.xp.broadcast_to(lane, v.shape))
+        return getattr(be.xp, name)(v, k, axis)
+
+    return run
 
 
 def take(a: Any, indices: Any, axis: Any = None, out: Any = None, mode: str = "raise"):
     """``np.take``: the axis made whole, the indices taken on every shard (the other axes keep
-    their splits, Partials pass through: it only moves elements)."""
-    backend.host_only("take", a, indices, axis, out, mode)
+    their splits, Partials pass through: it only moves elements). The indices are made in
+    bounds for ``mode`` on the host (CuPy's take has no mode: Note [Along one axis])."""
     if out is not None or not isinstance(a, DistTensor):
         raise Unsupported("out= or no DistTensor")
-    idx = np.asarray(_gathered(indices, "take"))
+    idx = np.asarray(_host_index(a, indices, "take"))
     if idx.dtype.kind not in "biu" or not np.can_cast(idx.dtype, np.intp):
         raise Unsupported("indices numpy casts itself")
     if mode not in ("raise", "wrap", "clip"):
@@ -713,10 +767,14 @@ def take(a: Any, indices: Any, axis: Any = None, out: Any = None, mode: str = "r
             raise IndexError(f"index {bad.flat[0]} is out of bounds for axis {axis} with size {n}")
     elif n == 0 and idx.size:
         raise IndexError("cannot do a non-empty take from an empty axes.")
+    idx = idx.astype(np.intp)
+    if idx.size:  # in bounds for the mode, as numpy's take reads them
+        idx = np.clip(idx, 0, n - 1) if mode == "clip" else idx % n
     y = along_axis(a, axis, keep_partials=True)
     shift = idx.ndim - 1
     pls = [Shard(p.dim + shift) if p.is_shard() and p.dim > axis else p for p in y.placements]
     shape = a.shape[:axis] + idx.shape + a.shape[axis + 1 :]
     spec = y._spec.replace(shape=shape, placements=tuple(pls))
-    local = np.take(y._local, idx, axis, mode=mode) if _coord(spec) is not None else None
-    return _no_gradient("take", (y,), _make(local, spec))
+    xp = backend.xp(y._local)
+    local = xp.take(y._local, xp.asarray(idx), axis) if _coord(spec) is not None else None
+    return _no_gradient("take", (y,), _make(local, spec, y._local))

@@ -1,6 +1,6 @@
 """Order statistics of DistTensors: ``median``, ``percentile``, ``quantile`` (numpy's, to the
 bit), selected exactly along split axes with a few small all-reduces (Note [Distributed
-selection]) instead of gathering the data.
+selection]) instead of gathering the data; device shards on the device.
 
 >>> import numpy as np, disttensor as dt
 >>> x = dt.shard_tensor(np.array([5.0, 1.0, 4.0, 2.0, 3.0]), dt.ProcessMesh([0]), [dt.Shard(0)])
@@ -43,6 +43,12 @@ _R = Replicate()
 #     helpers, on exactly the order statistics it would read), so results are numpy's bit for
 #     bit, up to the sign of a zero (numpy orders -0.0 and 0.0 as it finds them). Weights,
 #     0-d input and empty reductions take the fallback.
+#     On a device the select runs with the shards' array module throughout: the counts are
+#     all-reduced on the device and the digits picked there (no copy to the host per pass), so
+#     the collectives are the host's. Lanes whole on a rank take the same select, with no
+#     collective, instead of a partition (CuPy's compares with ``<`` and does not put NaNs
+#     last, as numpy's does); numpy's interpolation runs step for step with device operations
+#     (``_device_lerp``), its indices and weights (host constants) moved there.
 try:  # numpy's own interpolation (private; without it, the fallback)
     from numpy.lib import _function_base_impl as _fb
 
@@ -56,60 +62,78 @@ except (ImportError, AttributeError):  # pragma: no cover (numpy's internals mov
     _QUANTILE_METHODS = None
 
 
-def _keys(values: np.ndarray) -> np.ndarray:
+def _device_lerp(a: Any, b: Any, t: Any) -> Any:
+    """numpy's ``_lerp(a, b, t)`` with the operations of device arrays' own module, step for
+    step (numpy's writes through its ufuncs' ``out=`` and ``where=``, which device arrays do
+    not take from numpy): the same roundings in the same dtypes."""
+    diff_b_a = b - a
+    lerp = a + diff_b_a * t
+    # numpy: subtract(b, diff_b_a * (1 - t), out=lerp, where=t >= 0.5, casting="unsafe",
+    # dtype=lerp's): both operands cast to lerp's dtype, the difference kept where t >= 0.5
+    above = b.astype(lerp.dtype) - (diff_b_a * (1 - t)).astype(lerp.dtype)
+    if isinstance(t, float):  # a weak q's gamma
+        return above if t >= 0.5 else lerp
+    return backend.xp(lerp).where(t >= 0.5, above, lerp)
+
+
+def _keys(values: Any) -> Any:
     """Unsigned keys in numpy's sort order (NaN last; -0.0 just below 0.0)."""
+    xp = backend.xp(values)
     bits = values.dtype.itemsize * 8
     utype = np.dtype(f"u{values.dtype.itemsize}")
     top = utype.type(1 << (bits - 1))
     if values.dtype.kind == "f":
-        values = np.where(np.isnan(values), np.array(np.nan, values.dtype), values)
+        values = xp.where(xp.isnan(values), values.dtype.type(np.nan), values)
         u = values.view(utype)
-        return np.where(u & top, ~u, u | top)
+        return xp.where(u & top, ~u, u | top)
     u = values.view(utype)
     return u ^ top if values.dtype.kind == "i" else u
 
 
-def _values_of(keys: np.ndarray, dtype: np.dtype) -> np.ndarray:
+def _values_of(keys: Any, dtype: np.dtype) -> Any:
     bits = dtype.itemsize * 8
     top = keys.dtype.type(1 << (bits - 1))
     if dtype.kind == "f":
-        return np.where(keys & top, keys & ~top, ~keys).astype(keys.dtype).view(dtype)
+        xp = backend.xp(keys)
+        return xp.where(keys & top, keys & ~top, ~keys).astype(keys.dtype).view(dtype)
     return (keys ^ top if dtype.kind == "i" else keys).view(dtype)
 
 
-def _select(a: DistTensor, spec: DistSpec, reduced: tuple[int, ...], positions) -> np.ndarray:
+def _select(a: DistTensor, spec: DistSpec, reduced: tuple[int, ...], positions) -> Any:
     """The order statistics at ``positions`` (sorted, 0-based) of each lane of ``a`` along the
-    ``reduced`` axes, this rank's lanes: shape (len(positions), *local lane shape). Note
-    [Distributed selection]. ``spec``: the counts of a pass, laid out like the lanes with a
-    trailing (positions, 256) block, Partial(sum) over the mesh dims that split the lanes."""
+    ``reduced`` axes, this rank's lanes: shape (len(positions), *local lane shape), on a's
+    backend. Note [Distributed selection]. ``spec``: the counts of a pass, laid out like the
+    lanes with a trailing (positions, 256) block, Partial(sum) over the mesh dims that split
+    the lanes (none: no communication)."""
     kept = [i for i in range(a.ndim) if i not in reduced]
     local = a.to_local()
+    xp = backend.xp(local)
     lane_shape = tuple(local.shape[i] for i in kept)
     count = math.prod(local.shape[i] for i in reduced)
     nlanes, T = math.prod(lane_shape), len(positions)
-    arr = np.moveaxis(local, kept, range(len(kept))).reshape(nlanes, count)
-    keys = _keys(np.ascontiguousarray(arr))
+    arr = xp.moveaxis(local, kept, list(range(len(kept)))).reshape(nlanes, count)
+    keys = _keys(xp.ascontiguousarray(arr))
     bits = keys.dtype.itemsize * 8
-    prefix = np.zeros((nlanes, T), keys.dtype)
-    rem = np.broadcast_to(np.asarray(positions, np.int64), (nlanes, T)).copy()
-    lane_ids = np.broadcast_to(np.arange(nlanes)[:, None], keys.shape)
+    prefix = xp.zeros((nlanes, T), keys.dtype)
+    rem = xp.asarray(np.broadcast_to(np.asarray(positions, np.int64), (nlanes, T)).copy())
+    lane_ids = xp.broadcast_to(xp.arange(nlanes)[:, None], keys.shape)
     shape = spec.local_shape(spec.mesh.get_coord(comm.get_rank()))
     for shift in range(bits - 8, -8, -8):
         digit = ((keys >> keys.dtype.type(shift)) & keys.dtype.type(255)).astype(np.intp)
-        counts = np.zeros(nlanes * T * 256, spec.dtype)
+        counts = xp.zeros(nlanes * T * 256, spec.dtype)
         high = keys >> keys.dtype.type(shift + 8) if shift + 8 < bits else None
         for t in range(T):
             sel = (high == prefix[:, t : t + 1]) if high is not None else slice(None)
             idx = (lane_ids[sel] * T + t) * 256 + digit[sel]
-            counts += np.bincount(idx.ravel(), minlength=counts.size)
+            counts += xp.bincount(idx.ravel(), minlength=counts.size)
         total = _plain(DistTensor(counts.reshape(shape), spec)).to_local().reshape(nlanes, T, 256)
-        cum = np.cumsum(total, axis=-1)
+        cum = xp.cumsum(total, axis=-1)
         d = (cum <= rem[..., None]).sum(axis=-1)  # the digit whose bucket holds the position
-        below = np.take_along_axis(cum, np.maximum(d - 1, 0)[..., None], axis=-1)[..., 0]
-        rem -= np.where(d > 0, below, 0)
+        below = xp.take_along_axis(cum, xp.maximum(d - 1, 0)[..., None], axis=-1)[..., 0]
+        rem -= xp.where(d > 0, below, 0)
         prefix = (prefix << keys.dtype.type(8)) | d.astype(keys.dtype)
     values = _values_of(prefix, a.dtype)  # (lanes, T)
-    return np.moveaxis(values, -1, 0).reshape((T, *lane_shape))
+    return xp.moveaxis(values, -1, 0).reshape((T, *lane_shape))
 
 
 def _selects(n: int, dtype: np.dtype, positions: int) -> bool:
@@ -148,9 +172,9 @@ def _order_stats(name: str, a: DistTensor, axis, keepdims: bool, positions_of, f
     if split and not _selects(n, a.dtype, len(positions)):  # gathering the lanes is cheaper
         a = reshard(a, mesh, kept_pls)  # an all-gather over the mesh dims in ``split``
         split = []
-    if coord is None or not split:
+    if coord is None or not (split or backend.is_device(a._local)):
         stats = _local_stats(a, reduced, positions, coord)
-    else:
+    else:  # on a device lanes whole on this rank too: the select with no Partial, no collective
         lane_shape = tuple(a.shape[i] for i in kept)
         lanes_pls = [
             Shard(kept.index(p.dim))
@@ -164,7 +188,7 @@ def _order_stats(name: str, a: DistTensor, axis, keepdims: bool, positions_of, f
         spec = DistSpec.make(mesh, lanes_pls, (*lane_shape, len(positions), 256), counts)
         stats = _select(a, spec, reduced, positions)
     row = {p: i for i, p in enumerate(positions)}
-    result = np.asarray(finish(stats, lambda i: row[int(i) % n], n))
+    result = backend.xp(stats).asarray(finish(stats, lambda i: row[int(i) % n], n))
     qdims = result.ndim - len(kept)
     if keepdims:
         index = tuple(np.newaxis if i in reduced else slice(None) for i in range(nd))
@@ -174,19 +198,21 @@ def _order_stats(name: str, a: DistTensor, axis, keepdims: bool, positions_of, f
         a.shape[i] if i in dims else 1 for i in range(nd) if keepdims or i in dims
     )
     pls = [Shard(dims[p.dim]) if p.is_shard() else _R for p in kept_pls]
-    if coord is None:
-        result = np.empty(
+    if coord is None:  # an empty shard of the input's backend
+        result = backend.xp(a._local).empty(
             DistSpec(mesh, tuple(pls), shape, result.dtype).local_shape(None), result.dtype
         )
-    out = dtensor_from_local(np.asarray(result), mesh, pls, global_shape=shape)
+    out = dtensor_from_local(result, mesh, pls, global_shape=shape)
     if a.requires_grad and autograd.is_grad_enabled() and out.dtype.kind in "fc":
         autograd.record(name, (a,), (out,), None)  # no gradient: backward refuses, naming it
     return out
 
 
 def _local_stats(a: DistTensor, reduced, positions, coord) -> np.ndarray:
-    """The order statistics of lanes whose reduced axes are whole on this rank (or stand-ins
-    on a rank outside the mesh): np.partition, as numpy's own functions do."""
+    """The order statistics of host lanes whose reduced axes are whole on this rank (or
+    stand-ins on a rank outside the mesh): np.partition, as numpy's own functions do. Device
+    lanes take ``_select`` instead: CuPy's partition compares with ``<``, which does not
+    order NaNs last as numpy's does."""
     kept = [i for i in range(a.ndim) if i not in reduced]
     if coord is None:
         local = np.zeros([1 if i in reduced else 0 for i in range(a.ndim)], a.dtype)
@@ -211,7 +237,6 @@ def median(a, axis=None, out=None, overwrite_input=False, keepdims=False):
     >>> np.median(x).numpy(), np.median(x, axis=0).numpy()
     (array(2.5), array([4., 1.]))
     """
-    backend.host_only("median", a, axis, out, overwrite_input, keepdims)
     if out is not None or not isinstance(a, DistTensor):
         raise Unsupported("out= or not a DistTensor")
     nan = a.dtype.kind == "f"
@@ -221,15 +246,16 @@ def median(a, axis=None, out=None, overwrite_input=False, keepdims=False):
         return [*kth, n - 1] if nan else kth
 
     def finish(stats, row, n):
+        xp = backend.xp(stats)
         mid = [n // 2 - 1, n // 2] if n % 2 == 0 else [(n - 1) // 2]
-        rout = np.mean(stats[[row(i) for i in mid]], axis=0)
+        rout = xp.mean(stats[[row(i) for i in mid]], axis=0)
         if nan:
             last = stats[row(n - 1)]
-            isnan = np.isnan(last)
+            isnan = xp.isnan(last)
             if isnan.any():
-                if isinstance(rout, np.generic) or np.ndim(rout) == 0:
+                if rout.ndim == 0:
                     return last
-                np.copyto(rout, last, where=isnan)
+                xp.copyto(rout, last, where=isnan)
         return rout
 
     return _order_stats("median", a, axis, keepdims, positions, finish)
@@ -260,26 +286,31 @@ def _quantile_of(name: str, a, q, axis, method, keepdims, weights, weak_q: bool)
         return [*wanted, n - 1] if nan else wanted
 
     def finish(stats, row, n):
-        rows = np.vectorize(row, otypes=[np.intp])
+        xp = backend.xp(stats)
+        rows = np.vectorize(row, otypes=[np.intp])  # the rows of stats: host indices, moved
         virtual = plan["virtual"]
         if plan["integers"]:
-            result = np.take(stats, rows(virtual), axis=0)
+            result = xp.take(stats, xp.asarray(rows(virtual)), axis=0)
         else:
             prev, nxt = plan["prev"], plan["next"]
-            previous, following = stats[rows(prev)], stats[rows(nxt)]
+            previous, following = stats[xp.asarray(rows(prev))], stats[xp.asarray(rows(nxt))]
             gamma = _get_gamma(virtual, prev, props)
             if weak_q:
                 gamma = float(gamma)
-            else:
+            else:  # numpy's host constant, moved beside device stats
                 gamma = gamma.reshape(virtual.shape + (1,) * (stats.ndim - 1))
-            result = np.asarray(_lerp(previous, following, gamma))
+                gamma = backend.constant(stats, gamma)
+            if xp is np:
+                result = np.asarray(_lerp(previous, following, gamma))
+            else:
+                result = _device_lerp(previous, following, gamma)
         if nan:
             last = stats[row(n - 1)]
-            having = np.isnan(last)
-            if np.any(having):
+            having = xp.isnan(last)
+            if having.any():
                 if result.ndim == 0:
                     return last
-                np.copyto(result, last, where=having)
+                xp.copyto(result, last, where=having)
         return result
 
     return _order_stats(name, a, axis, keepdims, positions, finish)
@@ -304,7 +335,6 @@ def quantile(
     >>> np.quantile(x, [0.25, 0.5]).numpy(), np.percentile(x, 90, method="lower").numpy()
     (array([2.25, 4.5 ]), array(8.))
     """
-    backend.host_only("quantile", a, q, axis, out, overwrite_input, method, keepdims)
     if out is not None or not isinstance(a, DistTensor) or isinstance(q, DistTensor):
         raise Unsupported("out=, a numpy a or a DistTensor q")
     weak_q = type(q) in (int, float)
@@ -326,7 +356,6 @@ def percentile(
     weights=None,
 ):
     """``np.percentile``: ``quantile`` of ``q / 100``, as numpy divides it."""
-    backend.host_only("percentile", a, q, axis, out, overwrite_input, method, keepdims)
     if out is not None or not isinstance(a, DistTensor) or isinstance(q, DistTensor):
         raise Unsupported("out=, a numpy a or a DistTensor q")
     weak_q = type(q) in (int, float)

@@ -19,6 +19,9 @@ Note [Scans of a split axis]
     ``reverse=True`` (internal: the gradient of cumsum) scans from the end, adding the totals
     of the pieces after each one. ``axis=None`` scans the raveled tensor (the reshape rule
     decides what moves).
+    On a device the local scans, the totals and the offsets are the device's (``xp.cumsum``
+    on the shards, the totals gathered in device buffers): the same collectives as on the
+    host, nothing copied to it.
 
 >>> import numpy as np, disttensor as dt
 >>> x = dt.shard_tensor(np.arange(1.0, 7.0), dt.ProcessMesh([0]), [dt.Shard(0)])
@@ -44,24 +47,25 @@ from . import shape as sh
 from .numpy_interop import Unsupported, _only, implements
 
 _FUNCS = {"sum": np.cumsum, "prod": np.cumprod}
-_REDUCE = {"sum": np.add.reduce, "prod": np.multiply.reduce}
 _NAMES = {"sum": "cumsum", "prod": "cumprod"}
 
 
-def _kernel(kind: str):
-    func = _FUNCS[kind]
+def _kernel(kind: str, xp: Any = np):
+    """The local scan of ``kind`` with array module ``xp`` (a device's: Note [Array
+    backends] in backend.py)."""
+    func = getattr(xp, _NAMES[kind])
 
     def kernel(x, axis=0, dtype=None, reverse=False):
         if not reverse:
             return func(x, axis=axis, dtype=dtype)
-        return np.ascontiguousarray(np.flip(func(np.flip(x, axis), axis=axis, dtype=dtype), axis))
+        return xp.ascontiguousarray(xp.flip(func(xp.flip(x, axis), axis=axis, dtype=dtype), axis))
 
     return kernel
 
 
 OPS = {
-    "cumsum": Op("cumsum", _kernel("sum"), rule="cumsum"),
-    "cumprod": Op("cumprod", _kernel("prod"), rule="cumprod"),
+    name: Op(name, _kernel(kind), rule=name, device=lambda be, kind=kind: _kernel(kind, be.xp))
+    for kind, name in _NAMES.items()
 }
 
 
@@ -74,11 +78,11 @@ def result_dtype(kind: str, dtype: Any, dtype_arg: Any = None) -> np.dtype:
 def scan(kind: str, x: Any, axis: Any = None, dtype: Any = None, reverse: bool = False) -> Any:
     """cumsum (``kind="sum"``) or cumprod (``"prod"``) of ``x`` along ``axis`` (None: the
     raveled tensor); ``reverse``: from the end (cumsum only)."""
-    backend.host_only(f"cum{kind}", x)
-    if not isinstance(x, DistTensor):  # numpy's own
+    if not isinstance(x, DistTensor):  # numpy's own (a device array: its module's)
+        be = backend.of(x)
         if axis is None:
-            x, axis = np.ravel(x), 0
-        return _kernel(kind)(np.asarray(x), axis, dtype, reverse)
+            x, axis = be.xp.ravel(x), 0
+        return _kernel(kind, be.xp)(be.asarray(x), axis, dtype, reverse)
     if axis is None:
         x, axis = sh.ravel(x), 0
     # numpy's TypeError or AxisError, before any collective
@@ -115,24 +119,25 @@ def _split_scan(kind, x: DistTensor, axis: int, dims: list[int], out_dtype, attr
     pieces = math.prod(mesh.shape[m] for m in dims)
     tshape = list(spec.shape)
     tshape[axis] = pieces
+    xp = backend.xp(x.to_local())  # the shards' array module (Note [Array backends])
     if coord is not None:
-        local = _kernel(kind)(x.to_local(), axis, attrs.get("dtype"), reverse)
+        local = _kernel(kind, xp)(x.to_local(), axis, attrs.get("dtype"), reverse)
         n = local.shape[axis]
         if n:
-            last = np.take(local, [0 if reverse else n - 1], axis=axis)
+            last = xp.take(local, [0 if reverse else n - 1], axis=axis)
         else:  # an empty shard: the identity
             shape = list(local.shape)
             shape[axis] = 1
-            last = (np.zeros if kind == "sum" else np.ones)(shape, out_dtype)
+            last = (xp.zeros if kind == "sum" else xp.ones)(tuple(shape), out_dtype)
     else:
-        local = last = np.empty(0, out_dtype)
+        local = last = xp.empty(0, out_dtype)
     totals = dtensor_from_local(last, mesh, spec.placements, global_shape=tshape)
     gathered = reshard(
         totals, mesh, [Replicate() if p.is_shard(axis) else p for p in spec.placements]
     )
     out_spec = spec.replace(dtype=out_dtype)
     if coord is None:
-        out = DistTensor(np.empty(out_spec.local_shape(None), out_dtype), out_spec)
+        out = DistTensor(xp.empty(out_spec.local_shape(None), out_dtype), out_spec)
     else:
         p = 0
         for m in dims:  # this shard's position among the pieces of the axis
@@ -140,9 +145,9 @@ def _split_scan(kind, x: DistTensor, axis: int, dims: list[int], out_dtype, attr
         t = gathered.to_local()
         index = [slice(None)] * t.ndim
         index[axis] = slice(p + 1, None) if reverse else slice(0, p)
-        offset = _REDUCE[kind](t[tuple(index)], axis=axis, keepdims=True, dtype=out_dtype)
+        offset = getattr(xp, kind)(t[tuple(index)], axis=axis, dtype=out_dtype, keepdims=True)
         result = local + offset if kind == "sum" else local * offset
-        out = DistTensor(np.ascontiguousarray(result, out_dtype), out_spec)
+        out = DistTensor(xp.ascontiguousarray(result, out_dtype), out_spec)
     if x.requires_grad and autograd.is_grad_enabled():
         autograd.record_op(_NAMES[kind], (x,), attrs, out)
     return out

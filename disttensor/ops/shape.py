@@ -342,7 +342,11 @@ def getitem(x, key):
         if out is not None:
             return out
         reason = "integer-array or boolean key: the tensor gathered"
-        return fallback("getitem[advanced]", operator.getitem, (x, key), {}, reason)
+        key = indexing.host_key("x[key]", x, key)  # device arrays in it: host metadata
+        return fallback(
+            "getitem[advanced]", operator.getitem, (x, key), {}, reason,
+            on_device=indexing.device_getitem,
+        )  # fmt: skip
     ckey = canonical_key(x.shape, key)
     out = _sliced_split(x, ckey) if x._spec.has_shard() else None
     if out is not None:  # rows moved between ranks: a copy (Note [Copies where numpy has views])

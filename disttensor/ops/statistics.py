@@ -11,6 +11,18 @@ D x D Partial(sum), reduced when read); a histogram is local counts with the glo
 (Note [Histograms of split data]). Arguments they do not take go to numpy's function
 through the counted replicate fallback (ops/numpy_interop.py).
 
+On device shards the same dt ops run (each op's device kernel), with the same communication;
+the library's own host constants (corrcoef's diagonal mask) are moved to the device
+explicitly, and what must be a host value is copied explicitly and is small: the one element
+of allclose's, array_equal's and count_nonzero's result (a Python bool or numpy scalar, as on
+the host), a histogram's (min, max) that its edges are computed from. A histogram is counted
+by the device's ``histogram``. Host arrays handed to these functions with device tensors (an
+isclose ``b``, histogram ``weights`` or bin edges) are copied onto the device explicitly
+(``_onto_device``), as the replicate fallback copies the host arrays handed to numpy's
+functions (Note [The replicate fallback on a device] in dispatch.py): the host's work and
+communication, not a gather. On arrays that are not DistTensors the functions are those of
+the array's own library.
+
 >>> import numpy as np, disttensor as dt
 >>> x = dt.shard_tensor(np.array([[3.0, 4.0], [6.0, 8.0]]), dt.ProcessMesh([0]), [dt.Shard(0)])
 >>> np.linalg.norm(x, axis=1).numpy(), dt.allclose(x, 2 * x / 2), dt.count_nonzero(x > 3)
@@ -87,7 +99,6 @@ def norm(x, ord=None, axis=None, keepdims=False):
     >>> float(norm(x)), norm(x, 1, axis=0).numpy(), float(norm(x, np.inf))
     (5.477225575051661, array([4., 6.]), 7.0)
     """
-    backend.host_only("norm", x, ord, axis, keepdims)
     if not isinstance(x, DistTensor):
         raise Unsupported("not a DistTensor")
     if x.dtype.kind not in "fc":
@@ -177,8 +188,10 @@ def _np_norm(given):
 
 # -- comparisons -------------------------------------------------------------------------------
 def _array(v: Any) -> Any:
-    """numpy's ``asanyarray`` for what is not a Python scalar or a DistTensor."""
-    return v if isinstance(v, (int, float, complex, DistTensor)) else np.asanyarray(v)
+    """numpy's ``asanyarray`` for what is not a Python scalar, a DistTensor or a device array."""
+    if isinstance(v, (int, float, complex, DistTensor)) or backend.is_device(v):
+        return v
+    return np.asanyarray(v)
 
 
 def isclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False):
@@ -190,18 +203,22 @@ def isclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False):
     >>> dt.isclose(x, [1.0 + 1e-9, np.nan, 3.1], equal_nan=True).numpy()
     array([ True,  True, False])
     """
-    backend.host_only("isclose", a, b, rtol, atol, equal_nan)
     if isinstance(rtol, DistTensor) or isinstance(atol, DistTensor):
         raise Unsupported("DistTensor tolerances")
-    x, y, atol, rtol = (_array(v) for v in (a, b, atol, rtol))
+    x, y = _array(a), _array(b)
     if not isinstance(x, DistTensor) and not isinstance(y, DistTensor):
-        return np.isclose(x, y, rtol, atol, equal_nan)
-    if not (np.all(np.isfinite(atol)) and np.all(np.isfinite(rtol))):
+        # arrays: numpy's isclose, or the device's (each converts its arguments as _array does)
+        return backend.xp(y if backend.is_device(y) else x).isclose(a, b, rtol, atol, equal_nan)
+    atol, rtol = _array(atol), _array(rtol)
+    finite = (np.all(np.isfinite(backend.to_host(t))) for t in (atol, rtol))  # host values
+    if not all(finite):
         raise Unsupported("non-finite tolerances (numpy's warning)")
+    x, y, atol, rtol = _onto_device(x, y, atol, rtol)
     if (ydtype := getattr(y, "dtype", None)) is not None and ydtype.kind != "m":
         want = np.result_type(y, 1.0) if isinstance(y, np.ndarray) else np.result_type(ydtype, 1.0)
         if want != ydtype:
-            y = EW["astype"](y, want) if isinstance(y, DistTensor) else np.asanyarray(y, want)
+            on = isinstance(y, DistTensor) or backend.is_device(y)  # dt's astype, on the device
+            y = EW["astype"](y, want) if on else np.asanyarray(y, want)
     elif isinstance(y, int):
         y = float(y)
     with np.errstate(invalid="ignore"):
@@ -222,17 +239,29 @@ def allclose(a, b, rtol=1e-05, atol=1e-08, equal_nan=False) -> bool:
     >>> dt.allclose(x, np.arange(4.0) + 1e-9), dt.allclose(x, 0.0)
     (True, False)
     """
-    backend.host_only("allclose", a, b, rtol, atol, equal_nan)
-    res = isclose(a, b, rtol, atol, equal_nan)
-    return builtins.bool(red.all(res) if isinstance(res, DistTensor) else np.all(res))
+    return _all(isclose(a, b, rtol, atol, equal_nan))
+
+
+def _onto_device(*values: Any) -> tuple:
+    """``values`` with their host arrays copied onto the device of the first DistTensor among
+    them where that is a device (the module docstring); as they are otherwise."""
+    on = next((backend.of(v._local) for v in values if isinstance(v, DistTensor)), backend.NUMPY)
+    if not on.device:
+        return values
+    return tuple(on.asarray(v) if isinstance(v, np.ndarray) else v for v in values)
 
 
 def _as_array(a: Any) -> Any:
-    return a if isinstance(a, DistTensor) else np.asarray(a)
+    return a if isinstance(a, DistTensor) or backend.is_device(a) else np.asarray(a)
 
 
 def _all(t: Any) -> bool:
-    return builtins.bool(red.all(t) if isinstance(t, DistTensor) else np.all(t))
+    """Whether every element of ``t`` is true, as a Python bool: a DistTensor's ``all`` (one
+    all-reduce where it is split) read on every rank, a device's one element copied to the
+    host; an array's own library's ``all``."""
+    if isinstance(t, DistTensor):
+        return builtins.bool(red.all(t))
+    return builtins.bool(backend.to_host(backend.xp(t).all(t)))
 
 
 def array_equal(a1, a2, equal_nan=False) -> bool:
@@ -243,9 +272,8 @@ def array_equal(a1, a2, equal_nan=False) -> bool:
     >>> dt.array_equal(x, x), dt.array_equal(x, [1.0, np.nan], equal_nan=True)
     (False, True)
     """
-    backend.host_only("array_equal", a1, a2, equal_nan)
     try:
-        a1, a2 = _as_array(a1), _as_array(a2)
+        a1, a2 = _onto_device(_as_array(a1), _as_array(a2))
     except Exception:
         return False
     if a1.shape != a2.shape:
@@ -268,9 +296,8 @@ def array_equiv(a1, a2) -> bool:
     >>> dt.array_equiv(x, [1.0, 1.0]), dt.array_equiv(x, np.ones(3))
     (True, False)
     """
-    backend.host_only("array_equiv", a1, a2)
     try:
-        a1, a2 = _as_array(a1), _as_array(a2)
+        a1, a2 = _onto_device(_as_array(a1), _as_array(a2))
     except Exception:
         return False
     try:
@@ -310,9 +337,12 @@ def count_nonzero(a, axis=None, *, keepdims=False):
     >>> dt.count_nonzero(x), dt.count_nonzero(x, axis=0).numpy()
     (np.int64(3), array([1, 1, 1]))
     """
-    backend.host_only("count_nonzero", a, axis)
     if not isinstance(a, DistTensor):
-        return np.count_nonzero(a, axis=axis, keepdims=keepdims)
+        if not backend.is_device(a):
+            return np.count_nonzero(a, axis=axis, keepdims=keepdims)
+        if keepdims:  # CuPy's count_nonzero has no keepdims
+            raise backend.unsupported("count_nonzero(keepdims=True) of an array", backend.of(a))
+        return backend.xp(a).count_nonzero(a, axis)
     if isinstance(axis, list):
         raise Unsupported("numpy's error for a list axis")
     nonzero = a if a.dtype == np.bool_ else EW["astype"](a, np.bool_)
@@ -345,7 +375,6 @@ def cov(m, y=None, rowvar=True, bias=False, ddof=None, fweights=None, aweights=N
     array([[ 1., -1.],
            [-1.,  1.]])
     """
-    backend.host_only("cov", m, y, rowvar, bias, ddof, fweights, aweights)
     if y is not None or fweights is not None or aweights is not None:
         raise Unsupported("y=, fweights= or aweights=")
     if not isinstance(m, DistTensor):
@@ -360,7 +389,7 @@ def cov(m, y=None, rowvar=True, bias=False, ddof=None, fweights=None, aweights=N
     nvars = 1 if m.ndim < 2 else m.shape[1 - obs]
     nobs = m.shape[obs] if m.ndim else 1
     if nvars == 0:
-        return _replicated(np.array([]).reshape(0, 0), m)
+        return _replicated(backend.constant(m, np.array([]).reshape(0, 0)), m)
     if ddof is None:
         ddof = 1 if bias == 0 else 0
     fact = nobs - ddof
@@ -395,7 +424,6 @@ def corrcoef(x, y=None, rowvar=True, *, dtype=None):
     array([[ 1.    , -0.9608],
            [-0.9608,  1.    ]])
     """
-    backend.host_only("corrcoef", x, y, rowvar)
     if y is not None:
         raise Unsupported("y=")
     if not isinstance(x, DistTensor):
@@ -409,7 +437,8 @@ def corrcoef(x, y=None, rowvar=True, *, dtype=None):
     if c.size == 0:
         return c
     # the diagonal (c is whole on every rank: local); not einsum("ii->i"), which has no gradient
-    stddev = EW["sqrt"](red.sum(EW["multiply"](c, np.eye(c.shape[0], dtype=bool)), 1))
+    diagonal = backend.constant(c, np.eye(c.shape[0], dtype=bool))
+    stddev = EW["sqrt"](red.sum(EW["multiply"](c, diagonal), 1))
     c = EW["divide"](c, sh.expand_dims(stddev, 1))
     c = EW["divide"](c, sh.expand_dims(stddev, 0))
     return EW["clip"](c, -1, 1)
@@ -442,7 +471,12 @@ def _np_corrcoef(given):
 #     integers, both under max). Each rank then calls np.histogram on its shard with
 #     range=(min, max), the very numpy scalars numpy's own call derives from the data, so the
 #     edges and each element's bin are numpy's bit for bit. Non-finite data takes numpy's own
-#     error through the fallback.
+#     error through the fallback. On a device the (max, -min) pair is all-reduced in a device
+#     buffer and its two elements copied to the host (the range is a host value, as numpy's
+#     is); each rank counts with the device's ``histogram``, whose edges come from the same
+#     range (CuPy's linspace: numpy's to rounding) and whose bins are decided by comparing
+#     with them, as numpy's are. CuPy sums weights in float64 (or int64): the counts are cast
+#     to numpy's type, the weights'.
 def histogram(a, bins=10, range=None, density=None, weights=None):
     """``np.histogram`` (bins an int or edges, range, density, weights): local counts with the
     global edges (Note [Histograms of split data]). Returns (hist, bin_edges) as DistTensors:
@@ -455,18 +489,24 @@ def histogram(a, bins=10, range=None, density=None, weights=None):
     >>> h.numpy(), e.numpy()
     (array([3, 1]), array([0.5 , 2.25, 4.  ]))
     """
-    backend.host_only("histogram", a, bins, range, density, weights)
     if not isinstance(a, DistTensor):
         raise Unsupported("not a DistTensor")
     if a.dtype.kind not in "iuf":
         raise Unsupported(f"a {a.dtype} input")
     if isinstance(bins, (str, DistTensor)) or isinstance(range, DistTensor):
         raise Unsupported("string bins (estimators need the data) or DistTensor bins/range")
+    on = backend.of(a._local)
+    if weights is not None:
+        if not (isinstance(weights, DistTensor) or backend.is_device(weights)):
+            a, weights = _onto_device(a, np.asarray(weights))
+        w_on = backend.of(getattr(weights, "_local", weights))
+        if w_on is not on:  # never moved silently between devices (Note [Array backends])
+            raise backend.mixed("histogram", on, w_on)
     a = _plain(a)
     mesh, coord = a.mesh, a.mesh.get_coord(comm.get_rank())
     w = None
     if weights is not None:
-        w = weights if isinstance(weights, DistTensor) else np.asarray(weights)
+        w = weights
         if w.shape != a.shape or w.dtype.kind not in "iufc":
             raise Unsupported("numpy's error for weights of another shape, or their dtype")
         if isinstance(w, DistTensor) and w.mesh != mesh:
@@ -485,42 +525,49 @@ def histogram(a, bins=10, range=None, density=None, weights=None):
             range = (0, 1) if a.size == 0 else _min_max(a, coord)
     elif np.ndim(bins) != 1:
         raise Unsupported("numpy's error for bins of more than one axis")
+    elif on.device:
+        bins = on.asarray(bins)  # the edges onto the device (the module docstring)
+    xp = on.xp
     if coord is not None:
         local = a.to_local()
-        hist, edges = np.histogram(
+        hist, edges = xp.histogram(
             local, bins, range=range, weights=None if w is None else w.to_local()
         )
     else:  # a rank outside the mesh: numpy's dtypes on stand-ins
-        hist, edges = np.histogram(
-            np.zeros(0, a.dtype), bins, range, weights=None if w is None else np.zeros(0, w.dtype)
+        hist, edges = xp.histogram(
+            xp.zeros(0, a.dtype), bins, range, weights=None if w is None else xp.zeros(0, w.dtype)
         )
+    if on.device:  # numpy's count type (Note [Histograms of split data])
+        hist = hist.astype(np.intp if w is None else w.dtype, copy=False)
     pls = [Partial("sum") if p.is_shard() else _R for p in a.placements]
     counts = dtensor_from_local(hist, mesh, pls, global_shape=hist.shape)
     if density:
         counts = _plain(counts)
         if coord is not None:
             n = counts.to_local()
-            db = np.array(np.diff(edges), float)
+            db = xp.array(xp.diff(edges), float)
             counts = _replicated(n / db / n.sum(), a)
         else:
-            counts = _replicated(np.zeros(hist.shape), a)
+            counts = _replicated(xp.zeros(hist.shape), a)
     return counts, _replicated(edges, a)
 
 
 def _min_max(a: DistTensor, coord) -> tuple[Any, Any]:
     """(a.min(), a.max()) as numpy scalars of a's dtype: one all-reduce of two elements over
-    the mesh dims that split ``a``; Unsupported (numpy's error) when one is not finite."""
+    the mesh dims that split ``a`` (on a device, of a device buffer, then copied to the host);
+    Unsupported (numpy's error) when one is not finite."""
     dtype = a.dtype
     flip = (lambda v: ~v) if dtype.kind in "iu" else (lambda v: -v)
     lowest = np.iinfo(dtype).min if dtype.kind in "iu" else -np.inf
-    enc = np.full(2, lowest, dtype)
     local = a.to_local()
+    enc = backend.xp(local).full(2, lowest, dtype)
     if coord is not None and local.size:
-        lo, hi = local.min(), local.max()
-        enc[:] = (hi, flip(lo)) if not (np.isnan(lo) or np.isnan(hi)) else (np.inf, np.inf)
+        enc[0], enc[1] = local.max(), flip(local.min())
+        if dtype.kind == "f":  # NaN data (its min and max are NaN): +inf wins, and is refused
+            enc[enc != enc] = np.inf
     pls = [Partial("max") if p.is_shard() else _R for p in a.placements]
     t = dtensor_from_local(enc, a.mesh, pls, global_shape=(2,))
-    both = reshard(t, a.mesh, [_R] * a.mesh.ndim).to_local()
+    both = backend.to_host(reshard(t, a.mesh, [_R] * a.mesh.ndim).to_local())
     if coord is None:
         return dtype.type(0), dtype.type(1)
     hi, lo = both[0], flip(both[1])

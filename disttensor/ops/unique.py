@@ -23,6 +23,14 @@ Note [Unique of split data]
     same mesh dims (one exchange that moves each group to its shard, O(local)).
     ``axis=`` of an n-D tensor (rows compared as records) takes the replicate fallback.
 
+    On a device (Note [Sorting on a device] in ops/sorting.py) the groups, the records of the
+    all-gather and the results stay on the device; the gathered first and last keys are read
+    on the host, where the group boundaries between ranks are decided. A tensor each rank
+    holds whole takes this rule on its own rank (``_sorted_unique``: a stable sort by the
+    keys) rather than np.unique: the same values, except that a group is represented by its
+    first occurrence where numpy's may show another of its equal values (0.0 for -0.0), and
+    the NaN groups of ``equal_nan=False`` are numbered in their order.
+
 >>> import numpy as np, disttensor as dt
 >>> x = dt.shard_tensor(np.array([[3, 1], [3, 2]]), dt.ProcessMesh([0]), [dt.Shard(0)])
 >>> values, counts = np.unique(x, return_counts=True)
@@ -33,6 +41,7 @@ Note [Unique of split data]
 from __future__ import annotations
 
 import operator
+from typing import Any
 
 import numpy as np
 from numpy.lib.array_utils import normalize_axis_index
@@ -49,10 +58,10 @@ _INTP = np.dtype(np.intp)
 _R = Replicate()
 
 
-def _ties(wa, na, wb, nb, kind: str, equal_nan: bool) -> np.ndarray:
+def _ties(wa, na, wb, nb, kind: str, equal_nan: bool) -> Any:
     """Whether items a equal items b as numpy's unique compares them (keys: Note [Sort keys]
     in ops/sorting.py, which tie -0.0 with 0.0 and every NaN with every NaN)."""
-    same = np.ones(np.shape(wa[0]), bool)
+    same = backend.xp(wa[0]).ones(wa[0].shape, bool)
     for x, y in zip(wa, wb):
         same &= x == y
     if kind in "fc":
@@ -60,19 +69,34 @@ def _ties(wa, na, wb, nb, kind: str, equal_nan: bool) -> np.ndarray:
     return same
 
 
-def _record(vals: np.ndarray, mask: np.ndarray, words, nans) -> np.ndarray:
+def _group_starts(vals: Any, kind: str, equal_nan: bool) -> tuple[Any, list, Any]:
+    """Whether each of the sorted items ``vals`` starts a group (differs from the item before
+    it, as numpy's unique compares; the first item does), with their key words and NaN
+    flags."""
+    xp = backend.xp(vals)
+    words = sorting.key_words(vals)
+    nans = xp.isnan(vals) if kind in "fc" else xp.zeros(len(vals), bool)
+    mask = xp.ones(len(vals), bool)
+    mask[1:] = ~_ties(
+        [w[:-1] for w in words], nans[:-1], [w[1:] for w in words], nans[1:], kind, equal_nan
+    )
+    return mask, words, nans
+
+
+def _record(vals: Any, mask: Any, words, nans) -> Any:
     """This rank's part of the all-gather: its item count, group starts after its first
     item and the position of the first of them, the keys and NaN flags of its first and last
-    items (int64 words)."""
+    items (int64 words, on the items' backend)."""
+    xp = backend.xp(vals)
     n = len(vals)
-    inner = np.flatnonzero(mask[1:])
-    ends = [
-        np.array([w[0], w[-1]] if n else [0, 0]).astype(np.uint64).view(np.int64) for w in words
-    ]
-    flags = [int(nans[0]), int(nans[-1])] if n else [0, 0]
-    return np.array(
-        [n, len(inner), inner[0] + 1 if len(inner) else n, *np.concatenate(ends), *flags]
-    )
+    inner = xp.flatnonzero(mask[1:])
+    head = [xp.asarray(np.array([n, len(inner)]))]
+    if not n:
+        return xp.concatenate([*head, xp.zeros(1 + 2 * len(words) + 2, np.int64)])
+    first = inner[:1] + 1 if len(inner) else xp.full(1, n, np.int64)
+    ends = [xp.stack([w[0], w[-1]]).astype(np.uint64).view(np.int64) for w in words]
+    flags = xp.stack([nans[0], nans[-1]]).astype(np.int64)
+    return xp.concatenate([*head, first.astype(np.int64), *ends, flags])
 
 
 def _starts(every: np.ndarray, words: int, kind: str, equal_nan: bool) -> np.ndarray:
@@ -94,39 +118,64 @@ def _starts(every: np.ndarray, words: int, kind: str, equal_nan: bool) -> np.nda
 
 
 def _local_unique(x: DistTensor, flags: tuple[bool, bool, bool], equal_nan: bool) -> list:
-    """numpy's unique of a tensor each rank holds whole (or that is empty)."""
+    """numpy's unique of a tensor each rank holds whole (or that is empty); on a device, the
+    same rule as a split tensor's (``_sorted_unique``)."""
     mesh = x.mesh
     inside = mesh.get_coord(comm.get_rank()) is not None
-    local = x._local if inside else np.empty(0, x.dtype)
-    got = np.unique(local, *flags, equal_nan=equal_nan)
-    got = list(got) if any(flags) else [got]
+    xp = backend.xp(x._local)
+    local = x._local if inside else xp.empty(0, x.dtype)
+    if xp is np:
+        got = np.unique(local, *flags, equal_nan=equal_nan)
+        got = list(got) if any(flags) else [got]
+    else:
+        got = _sorted_unique(local, flags, equal_nan)
     rep = tuple(_R for _ in range(mesh.ndim))
     out = []
     for i, a in enumerate(got):
         if i == 1 + flags[0] and flags[1]:  # the inverse: the input's layout
             spec = x._spec.replace(dtype=_INTP)
-            a = a if inside else np.empty(spec.local_shape(None), _INTP)
+            a = a.reshape(local.shape) if inside else xp.empty(spec.local_shape(None), _INTP)
         else:
             spec = DistSpec(mesh, rep, a.shape, a.dtype)
-        out.append(DistTensor(np.asarray(a), spec))
+        out.append(DistTensor(a, spec))
     return out
 
 
-def _place(parts: list[np.ndarray], sizes: np.ndarray, p: sorting.Plan, group) -> list:
+def _sorted_unique(local: Any, flags: tuple[bool, bool, bool], equal_nan: bool) -> list:
+    """``np.unique(local, *flags, equal_nan=equal_nan)`` (the inverse flat) by Note [Unique of
+    split data]'s rule on one rank: a stable sort by the keys, groups compared as numpy's
+    unique compares them, each represented by its first occurrence."""
+    xp = backend.xp(local)
+    flat = local.reshape(-1)
+    order = sorting.stable_order(flat)
+    vals = flat[order]
+    mask = _group_starts(vals, local.dtype.kind, equal_nan)[0]
+    starts = xp.flatnonzero(mask)
+    out = [vals[starts]]
+    if flags[0]:
+        out.append(order[starts].astype(_INTP))
+    if flags[1]:
+        inverse = xp.empty(len(flat), _INTP)
+        inverse[order] = xp.cumsum(mask) - 1
+        out.append(inverse)
+    if flags[2]:
+        ends = xp.concatenate([starts[1:], xp.full(1 if len(flat) else 0, len(flat), _INTP)])
+        out.append((ends - starts).astype(_INTP))
+    return out
+
+
+def _place(parts: list, sizes: np.ndarray, p: sorting.Plan, group) -> list:
     """Each rank's unique values (and first indices, counts), ``sizes[j]`` on member j, in
     member order, as DistTensors: Replicate when small, else split as the sorted values
     (Note [Unique of split data])."""
     me, total, mesh = p.me, int(sizes.sum()), p.out.mesh
     if total * len(p.members) <= p.n:
         placements = tuple(_R for _ in range(mesh.ndim))
-        record = np.dtype([(f"f{i}", a.dtype) for i, a in enumerate(parts)])
-        mine = np.empty(len(parts[0]), record)
-        for i, a in enumerate(parts):
-            mine[f"f{i}"] = a
-        got = np.empty(total, record)
-        counts = [int(c) * record.itemsize for c in sizes]
-        group.allgather(mine.view(np.uint8), got.view(np.uint8), counts)
-        parts = [np.ascontiguousarray(got[f"f{i}"]) for i in range(len(parts))]
+        xp, dtypes = backend.xp(parts[0]), [a.dtype for a in parts]
+        size = sum(d.itemsize for d in dtypes)
+        got = xp.empty(total * size, np.uint8)
+        group.allgather(sorting.pack(parts), got, [int(c) * size for c in sizes])
+        parts = [xp.ascontiguousarray(a) for a in sorting.unpack(got, dtypes)]
     else:  # each group to the member whose array_split share holds its number
         placements = p.out.placements
         spec = DistSpec(mesh, placements, (total,), parts[0].dtype)
@@ -162,7 +211,6 @@ def unique(
     >>> [t.numpy() for t in dt.unique(x, return_index=True, return_inverse=True)]
     [array([-0.,  2., nan]), array([1, 0, 4]), array([1, 0, 1, 0, 2])]
     """
-    backend.host_only("unique", ar, return_index, return_inverse, return_counts, axis)
     if not isinstance(ar, DistTensor):
         raise Unsupported("not a DistTensor")
     if axis is not None:
@@ -190,21 +238,18 @@ def _distributed(x: DistTensor, p: sorting.Plan, flags, equal_nan: bool) -> list
     vals, perm = sorting.sorted_shard(p, True, return_index or return_inverse)
     group = comm.group(p.members)
     k, me, kind = len(p.members), p.me, x.dtype.kind
-    words = sorting.key_words(vals)
-    nans = np.isnan(vals) if kind in "fc" else np.zeros(len(vals), bool)
-    mask = np.ones(len(vals), bool)
-    mask[1:] = ~_ties(
-        [w[:-1] for w in words], nans[:-1], [w[1:] for w in words], nans[1:], kind, equal_nan
-    )
+    xp = backend.xp(vals)
+    mask, words, nans = _group_starts(vals, kind, equal_nan)
     mine = _record(vals, mask, words, nans)
-    every = np.empty((k, len(mine)), np.int64)
+    every = xp.empty((k, len(mine)), np.int64)
     group.allgather(mine, every.reshape(-1), [len(mine)] * k)
+    every = backend.to_host(every)  # counts and boundary keys: read on the host
     first = _starts(every, len(words), kind, equal_nan)
     sizes = np.where(every[:, 0] > 0, first.astype(np.int64) + every[:, 1], 0)
     offset = int(sizes[:me].sum())
     if len(vals):
-        mask[0] = first[me]
-    starts = np.flatnonzero(mask)
+        mask[0] = bool(first[me])
+    starts = xp.flatnonzero(mask)
     parts = [vals[starts]]
     if return_index:
         parts.append(perm[starts])
@@ -214,11 +259,11 @@ def _distributed(x: DistTensor, p: sorting.Plan, flags, equal_nan: bool) -> list
             if every[j, 0] > 0 and (first[j] or every[j, 1] > 0):
                 nxt = p.bounds[j] + (0 if first[j] else int(every[j, 2]))
                 break
-        ends = np.append(starts[1:], nxt - p.bounds[me]) if len(starts) else starts
-        parts.append((ends - starts).astype(_INTP))
+        last = xp.full(1 if len(starts) else 0, nxt - p.bounds[me], starts.dtype)
+        parts.append((xp.concatenate([starts[1:], last]) - starts).astype(_INTP))
     out = _place(parts, sizes, p, group)
     if return_inverse:
-        groups = (offset + np.cumsum(mask) - 1).astype(_INTP)
+        groups = (offset + xp.cumsum(mask) - 1).astype(_INTP)
         local = sorting.deliver(groups, perm, x._spec, p.members)
         out.insert(1 + return_index, DistTensor(local, x._spec.replace(dtype=_INTP)))
     return out
