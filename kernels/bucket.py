@@ -17,6 +17,7 @@ array([[0., 0.]])
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -35,15 +36,13 @@ def bucket_offsets(shapes: Sequence[Sequence[int]]) -> np.ndarray:
     >>> bucket_offsets([(2, 3), (4,), ()])
     array([ 0,  6, 10, 11])
     """
-    sizes = [int(np.prod(s, dtype=np.int64)) for s in shapes]
+    sizes = [math.prod(s) for s in shapes]  # Python ints: np.prod costs ~1 us a member
     return np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int64)
 
 
 def _sizes(members: Sequence[Any]) -> list[int | None]:
     """Each member's element count (None for an absent one); members are arrays or shapes."""
-    return [
-        None if a is None else int(np.prod(getattr(a, "shape", a), dtype=np.int64)) for a in members
-    ]
+    return [None if a is None else math.prod(getattr(a, "shape", a)) for a in members]
 
 
 def _check(sizes: list[int | None], buffer: Any, offsets: Any, what: str) -> np.ndarray:
