@@ -154,6 +154,12 @@ def device_kernel(op: Op, t: type) -> Callable[..., Any]:
     return k
 
 
+def with_xp(fn: Callable[..., Any]) -> Callable[[Any], Callable[..., Any]]:
+    """The device kernel factory (``Op(device=...)``) of a kernel written with an ``xp``
+    keyword argument (its array module: numpy's by default, the backend's on a device)."""
+    return lambda be: functools.partial(fn, xp=be.xp)
+
+
 def _as_array(result: Any, t: type) -> Any:
     """A kernel's result that is not an array of the shards' type ``t`` (numpy scalars of
     0-d reductions) as one: numpy's on the host, the device's otherwise."""

@@ -75,7 +75,7 @@ from numpy.lib.array_utils import normalize_axis_index, normalize_axis_tuple
 
 from .. import autograd, backend, comm
 from .. import reshard as _reshard
-from ..dispatch import KernelContext, Op
+from ..dispatch import KernelContext, Op, with_xp
 from ..mesh import ProcessMesh
 from ..placement import Replicate, Shard
 from ..spec import DistSpec
@@ -624,7 +624,7 @@ OPS: dict[str, Op] = {
     for name in ("tril", "triu")
 }
 OPS["diagonal"] = Op(
-    "diagonal", _diagonal, rule="diagonal", ctx=True, moves_only=True, device=sh._xp(_diagonal)
+    "diagonal", _diagonal, rule="diagonal", ctx=True, moves_only=True, device=with_xp(_diagonal)
 )
 OPS["diag_embed"] = Op(
     "diag_embed",
@@ -632,14 +632,14 @@ OPS["diag_embed"] = Op(
     rule="diag_embed",
     ctx=True,
     moves_only=True,
-    device=sh._xp(_diag_embed),
+    device=with_xp(_diag_embed),
 )
 OPS["take_along_axis"] = Op(
     "take_along_axis",
     lambda arr, idx, axis: np.take_along_axis(arr, idx, axis),
     rule="take_along_axis",
     moves_only=True,
-    device=sh._xp(_take_along_axis_device),
+    device=with_xp(_take_along_axis_device),
 )
 OPS["take_along_axis_grad"] = Op(
     "take_along_axis_grad",

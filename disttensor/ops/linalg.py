@@ -9,11 +9,9 @@
 
 from __future__ import annotations
 
-from functools import partial
-
 import numpy as np
 
-from ..dispatch import Op
+from ..dispatch import Op, with_xp
 from ..tensor import DistTensor
 
 
@@ -38,12 +36,8 @@ def _linear(x, w, b, xp=np):
     return out + b  # numpy's promotion, as x @ w + b
 
 
-def _with_xp(fn):
-    return lambda be: partial(fn, xp=be.xp)
-
-
-_MATMUL = Op("matmul", _matmul, rule="matmul", device=_with_xp(_matmul))
-_LINEAR = Op("linear", _linear, rule="linear", device=_with_xp(_linear))
+_MATMUL = Op("matmul", _matmul, rule="matmul", device=with_xp(_matmul))
+_LINEAR = Op("linear", _linear, rule="linear", device=with_xp(_linear))
 _DOT = Op("dot", np.dot, rule="dot", device="dot")
 _EINSUM = Op(
     "einsum",

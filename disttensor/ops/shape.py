@@ -20,14 +20,13 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable
 from dataclasses import replace
-from functools import partial
 from typing import Any
 
 import numpy as np
 
 from .. import autograd, backend, comm
 from .. import reshard as _reshard
-from ..dispatch import KernelContext, Op, fallback
+from ..dispatch import KernelContext, Op, fallback, with_xp
 from ..placement import Shard
 from ..spec import DistSpec
 from ..spmd.shape_rules import (
@@ -162,11 +161,6 @@ def _getitem_grad(g, key, shape, *, ctx: KernelContext | None = None, xp=np):
     return out
 
 
-def _xp(fn):
-    """The device kernel factory of a kernel written with an ``xp`` argument."""
-    return lambda be: partial(fn, xp=be.xp)
-
-
 def _relaid_op(name: str, out_shape) -> Op:
     kernel = _relaid(out_shape)
     return Op(name, kernel, rule=name, ctx=True, device=lambda be: kernel.device)
@@ -174,7 +168,7 @@ def _relaid_op(name: str, out_shape) -> Op:
 
 OPS: dict[str, Op] = {
     "getitem_grad": Op(
-        "getitem_grad", _getitem_grad, rule="getitem_grad", ctx=True, device=_xp(_getitem_grad)
+        "getitem_grad", _getitem_grad, rule="getitem_grad", ctx=True, device=with_xp(_getitem_grad)
     ),
     "reshape": _relaid_op("reshape", lambda s, shape: reshape_shape(s, shape)),
     "expand_dims": _relaid_op("expand_dims", lambda s, axis: expand_dims_shape(s, axis)),
@@ -192,7 +186,7 @@ OPS: dict[str, Op] = {
         device="swapaxes",
     ),
     "broadcast_to": Op(
-        "broadcast_to", _broadcast_to, rule="broadcast_to", ctx=True, device=_xp(_broadcast_to)
+        "broadcast_to", _broadcast_to, rule="broadcast_to", ctx=True, device=with_xp(_broadcast_to)
     ),
     "tile": Op("tile", lambda x, reps: np.tile(x, reps), rule="tile", device="tile"),
     "repeat": Op(
@@ -225,7 +219,7 @@ OPS: dict[str, Op] = {
         rule="stack",
         device=lambda be: lambda *xs, axis: be.xp.stack(xs, axis),
     ),
-    "getitem": Op("getitem", _getitem, rule="getitem", ctx=True, device=_xp(_getitem)),
+    "getitem": Op("getitem", _getitem, rule="getitem", ctx=True, device=with_xp(_getitem)),
 }
 # Every op here only moves elements, so a Partial of any type and dtype passes through exactly
 # (Note [Shape ops move elements]); dispatch then need not resolve bool Partials first.
