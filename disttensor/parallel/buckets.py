@@ -361,14 +361,10 @@ def reduce_remaining(params: list) -> tuple[int, int]:
         gs, ps = g._spec, p._spec
         if gs == ps or gs.mesh != ps.mesh or gs.shape != ps.shape:
             continue
-        over = tuple(m for m, q in enumerate(gs.placements) if q.is_partial())
-        if not over or not all(ps.placements[m].is_replicate() for m in over):
+        key = bucket_key(gs, tuple(range(len(gs.placements))))  # every Partial dim, one type
+        if key is None or not all(ps.placements[m].is_replicate() for m in key[0]):
             continue
-        types = {gs.placements[m].reduce_type for m in over}
-        if len(types) != 1:
-            continue
-        be = backend.of(g._local)
-        groups.setdefault((gs.mesh, over, gs.dtype.str, types.pop(), be), []).append(p)
+        groups.setdefault((gs.mesh, *key, backend.of(g._local)), []).append(p)
     rank = comm.get_rank()
     done = made = 0
     for (mesh, over, dtype, op, be), members in groups.items():
