@@ -163,7 +163,7 @@ def _dp_step(x, w0, b0, shape, kind):
     return w.numpy(), b.numpy(), counts
 
 
-@pytest.mark.parametrize("shape", [(2,), (4,), (2, 2)], ids=str)
+@pytest.mark.parametrize("shape", [(2,), (3,), (4,), (2, 2)], ids=str)  # 8 rows: uneven on 3
 @pytest.mark.parametrize("kind", ["SGD", "Adam"])
 def test_partial_gradients_are_reduced(shape, kind):
     rng = np.random.default_rng(1)
