@@ -198,16 +198,24 @@ class enable_grad(_GradMode):
 
 class GradContext:
     """What a gradient function sees: the op's arguments (DistTensors, arrays, scalars, in
-    call order), its attributes, its output (a tuple for multi-output ops, detached), and
-    which arguments need a gradient."""
+    call order), its attributes, its output (a tuple for multi-output ops, detached), which
+    arguments need a gradient, and ``extra``: what a saving kernel kept for it (Note [Saved
+    for backward] in dispatch.py; None for other ops, and on ranks outside the mesh)."""
 
-    __slots__ = ("args", "attrs", "inputs", "multi", "out_specs", "saved")
+    __slots__ = ("args", "attrs", "extra", "inputs", "multi", "out_specs", "saved")
 
     def __init__(
-        self, args: tuple, attrs: dict, inputs: tuple, out_specs: tuple, saved: Any, multi: bool
+        self,
+        args: tuple,
+        attrs: dict,
+        inputs: tuple,
+        out_specs: tuple,
+        saved: Any,
+        multi: bool,
+        extra: Any = None,
     ) -> None:
         self.args, self.attrs, self.inputs = args, attrs, inputs
-        self.out_specs, self.saved, self.multi = out_specs, saved, multi
+        self.out_specs, self.saved, self.multi, self.extra = out_specs, saved, multi, extra
 
     @property
     def needs(self) -> tuple[bool, ...]:
@@ -248,6 +256,7 @@ class Node(GradContext):
         attrs: dict | None = None,
         saved: Any = None,
         multi: bool = True,
+        extra: Any = None,
     ) -> None:
         self.name = name
         self.fn = fn  # fn(node, grads) -> one gradient per input (grads: a tuple when multi);
@@ -255,6 +264,7 @@ class Node(GradContext):
         self.inputs = inputs  # per argument: the DistTensor if it requires a gradient, else None
         self.out_specs = out_specs
         self.args, self.attrs, self.saved, self.multi = args, attrs, saved, multi
+        self.extra = extra
         self.hooks: dict[int, list] | None = None  # output index -> tensor hooks
         self.seq = next(_seq)
 
@@ -279,11 +289,13 @@ def record_op(
     out: Any,
     saved_args: tuple | None = None,
     inputs: tuple | None = None,
+    extra: Any = None,
 ) -> None:
     """Record a dispatched op (called by dispatch when an input requires a gradient).
     ``saved_args`` are what the gradient sees (``args`` by default): the same values,
     possibly in the layouts the forward pass resharded them to. ``inputs``: per argument the
-    tensor if it requires a gradient, else None (worked out from ``args`` when not given)."""
+    tensor if it requires a gradient, else None (worked out from ``args`` when not given).
+    ``extra``: what a saving kernel kept for the gradient (Note [Saved for backward])."""
     if name in NOT_DIFFERENTIABLE:
         return
     if inputs is None:
@@ -295,22 +307,32 @@ def record_op(
         if any(o._spec.dtype.kind not in "fc" for o in out):  # integer/bool results: constants
             return
         specs = tuple(o._spec for o in out)
-        node = Node(name, fn, inputs, specs, saved_args, attrs, tuple(o._local for o in out))
+        node = Node(
+            name, fn, inputs, specs, saved_args, attrs, tuple(o._local for o in out), True, extra
+        )
         for i, o in enumerate(out):
             o._node = (node, i)
             o.requires_grad = True
         return
     if out._spec.dtype.kind in "fc":  # integer/bool results are constants
-        record_one(name, fn, inputs, saved_args, attrs, out, (out._spec,))
+        record_one(name, fn, inputs, saved_args, attrs, out, (out._spec,), extra)
 
 
 def record_one(
-    name: str, fn, inputs: tuple, args: tuple, attrs: dict, out: Any, out_specs: tuple
+    name: str,
+    fn,
+    inputs: tuple,
+    args: tuple,
+    attrs: dict,
+    out: Any,
+    out_specs: tuple,
+    extra: Any = None,
 ) -> None:
     """The node of a single-output op with a float result (the caller checked; ``fn`` from
     GRADIENTS, None if the op has none, and no op of NOT_DIFFERENTIABLE; ``out_specs`` is
     ``(out._spec,)``). It builds ``Node(name, fn, inputs, out_specs, args, attrs, out._local,
-    False)`` without calling the class: this runs once per recorded op (Note [Cheap nodes])."""
+    False, extra)`` without calling the class: this runs once per recorded op (Note [Cheap
+    nodes])."""
     node = _new_node(Node)
     node.name = name
     node.fn = fn
@@ -320,6 +342,7 @@ def record_one(
     node.attrs = attrs
     node.saved = out._local
     node.multi = False
+    node.extra = extra
     node.hooks = None
     node.seq = next(_seq)
     out._node = (node, 0)
@@ -505,7 +528,7 @@ def _run(root, grad, retain_graph: bool) -> None:
                 memo.table = prev
             if not retain_graph:  # free what the node holds: saved tensors and its inputs
                 node.fn, node.inputs = _FREED, (None,) * len(inputs)
-                node.args = node.attrs = node.saved = None
+                node.args = node.attrs = node.saved = node.extra = None
             # last argument first: the reverse of the use, also inside one op (a linear's
             # bias gradient is final before its weight's: Note [Gradient buckets])
             k = len(inputs)

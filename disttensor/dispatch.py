@@ -81,6 +81,9 @@ class Op:
     # ``kernel`` itself works on any array; None: no device kernel yet, so device data
     # raises NotImplementedError naming the op
     device: Any = None
+    # the kernel returns ``(output, saved)``: ``saved`` is kept on the autograd node for the
+    # gradient (Note [Saved for backward]); one output only
+    saves: bool = False
 
     def __call__(self, *args: Any, **attrs: Any) -> Any:  # replaced by _call below
         return apply(self, args, attrs)
@@ -93,6 +96,17 @@ class Op:
 # (tensor, target spec), and nothing can change the tensor between two operands of one call,
 # so the reuse is exact. Inside a gradient function the same table lives longer
 # (autograd._memo).
+
+
+# Note [Saved for backward]
+# A fused kernel often computes on its way what its gradient needs: layer norm's row mean and
+# rstd, cross entropy's log-sum-exp. Recomputing them in backward costs passes over the whole
+# input, so such an op is made with ``saves=True``: its kernel (host and device) returns
+# ``(output, saved)``, dispatch wraps the output as usual and hands ``saved`` (this rank's
+# local arrays, whatever the kernel chose) to the node, where the gradient function reads it
+# as ``ctx.extra`` (None on a rank outside the mesh, which holds no shard, and when no
+# gradient is recorded: then ``saved`` is dropped at once). The gradient wraps those arrays
+# with specs it derives from the saved arguments, which are in the layout the kernel ran on.
 
 
 # Note [Dispatch fast path]
@@ -228,12 +242,15 @@ def _call(op: Op, *args: Any, **attrs: Any) -> Any:
     if entry is not None:
         last = entry.last  # set only where the plan moves nothing and has one output
         if last is not None and last[0] is _comm_ctx.world:
+            extra = None
             if not _DEVICE or (t := type(first)) not in _DEVICE:  # host shards: numpy
                 t = _ND
                 if last[2] is None:
                     result = op.kernel(*kargs, **attrs)
                 else:
                     result = op.kernel(*kargs, ctx=last[2], **attrs)
+                if op.saves:
+                    result, extra = result
                 if type(result) is not _ND:
                     result = np.asarray(result)
             else:
@@ -242,6 +259,8 @@ def _call(op: Op, *args: Any, **attrs: Any) -> Any:
                     result = kernel(*kargs, **attrs)
                 else:
                     result = kernel(*kargs, ctx=last[2], **attrs)
+                if op.saves:
+                    result, extra = result
                 if type(result) is not t:
                     result = _as_array(result, t)
             if result.dtype is last[3] and result.shape == last[5]:
@@ -249,12 +268,14 @@ def _call(op: Op, *args: Any, **attrs: Any) -> Any:
                 if grad and last[6] and autograd._state.enabled:
                     if inputs is None:
                         inputs = _inputs(args, entry.pos)
-                    autograd.record_one(op.name, last[8], inputs, args, attrs, out, last[7])
+                    autograd.record_one(
+                        op.name, last[8], inputs, args, attrs, out, last[7], extra
+                    )
                 return out
             # another dtype (int x + 1 vs x + 1.5) or a wrong rule: the general wrap
             tensors = [args[i] for i in entry.pos]
             return _finish(op, args, attrs, entry, entry.plan, last[4].mesh, last[1], kargs, result,
-                           tensors, entry.pos, t)  # fmt: skip
+                           tensors, entry.pos, t, extra)  # fmt: skip
     if _explain.active:  # dt.explain records this thread's calls (Note [Explain hooks])
         return _explain.on_op(_general, op, args, attrs, key, entry)
     return _general(op, args, attrs, key, entry)
@@ -314,7 +335,8 @@ def _general(op: Op, args: tuple, attrs: dict, idkey: Any, entry: _Entry | None)
         plan, mesh, pos, tensors, t = _normalize_and_decide(op, args, attrs, idkey)
         if plan is None:  # no DistTensor: plain arrays
             kernel = op.kernel if t not in _DEVICE else device_kernel(op, t)
-            return kernel(*args, ctx=None, **attrs) if op.ctx else kernel(*args, **attrs)
+            result = kernel(*args, ctx=None, **attrs) if op.ctx else kernel(*args, **attrs)
+            return result[0] if op.saves else result
         if idkey is not None:
             if len(_cache) >= _CACHE_LIMIT:
                 _cache.clear()
@@ -350,7 +372,13 @@ def _general(op: Op, args: tuple, attrs: dict, idkey: Any, entry: _Entry | None)
         )
     else:
         result = kernel(*kargs, **attrs)
-    return _finish(op, args, attrs, entry, plan, mesh, coord, kargs, result, tensors, pos, t)
+    extra = None
+    if op.saves:  # Note [Saved for backward]; the probe's stand-ins save nothing
+        if coord is not None:
+            result, extra = result
+        elif type(result) is tuple:
+            result = result[0]
+    return _finish(op, args, attrs, entry, plan, mesh, coord, kargs, result, tensors, pos, t, extra)
 
 
 def _label(name: str, tensors: list) -> str:
@@ -446,9 +474,9 @@ def _on(op: Op, a: Any, t: type) -> Any:
     raise backend.mixed(op.name, backend.of(a), backend.of_type(t))
 
 
-def _finish(op, args, attrs, entry, plan, mesh, coord, kargs, result, tensors, pos, t):
+def _finish(op, args, attrs, entry, plan, mesh, coord, kargs, result, tensors, pos, t, extra=None):
     """5. wrap, and record for backward when an input needs a gradient (``t``: the shards'
-    array type)."""
+    array type; ``extra``: what a saving kernel kept, Note [Saved for backward])."""
     targets, out_placements, out_shapes, moves, out_specs = plan
     out = _wrap(op, result, mesh, coord, out_placements, out_shapes, out_specs, t)
     if entry is not None and entry.simple and coord is not None and type(out) is DistTensor:
@@ -472,7 +500,7 @@ def _finish(op, args, attrs, entry, plan, mesh, coord, kargs, result, tensors, p
             if autograd._state.enabled:
                 saved = _saved(args, pos, kargs, moves, targets, coord, t)
                 inputs = tuple(a if getattr(a, "requires_grad", False) else None for a in args)
-                autograd.record_op(op.name, args, attrs, out, saved, inputs)
+                autograd.record_op(op.name, args, attrs, out, saved, inputs, extra)
             break
     return out
 

@@ -34,28 +34,88 @@ def _check(x: Any, weight: Any, bias: Any, what: str) -> None:
             raise ValueError(f"{what}: {name} must have shape {x.shape[-1:]}, got {p.shape}")
 
 
+def row_block(cols: int, itemsize: int) -> int:
+    """Rows per block of the numpy references: about 512 KiB of a row-major (rows, cols)
+    array, so the several passes over a block run in the CPU's cache, not its memory
+    (Note [Row blocks]).
+
+    >>> row_block(1024, 4), row_block(1, 8), row_block(10**6, 4)
+    (128, 65536, 1)
+    """
+    return max(1, BLOCK_BYTES // max(1, cols * itemsize))
+
+
+# Note [Row blocks]
+#     A row-wise kernel written in numpy is a few passes over its data (deviations, scaling,
+#     products, ...). Over a whole (4096, 1024) float32 array each pass streams 16 MiB and
+#     each temporary is a fresh allocation the operating system must map in; a block of rows
+#     of about 512 KiB stays in the cache across the passes, and the temporaries are a few
+#     block-sized buffers made once per call. Row sums and dot products are BLAS
+#     matrix-vector products (``block @ ones``, a batched ``matmul`` of rows): they read the
+#     block once and write one number per row, where numpy's reduction writes a temporary
+#     first. They add in BLAS's order, not numpy's pairwise one (float rounding differs, not
+#     accuracy: both accumulate in blocks).
+BLOCK_BYTES = 512 << 10
+
+
+def _as_rows(a: Any) -> Any:
+    """``a`` as a 2-D (rows, last axis) array (a view where the layout allows)."""
+    return a.reshape(-1, a.shape[-1]) if a.ndim != 2 else a
+
+
 def layer_norm_forward(
     x: Any, weight: Any = None, bias: Any = None, eps: float = 1e-5
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(y, mean, rstd)``: ``y = (x - mean) / sqrt(var + eps) * weight + bias`` over the last
     axis (``weight`` and ``bias`` optional), with the rows' ``mean`` and ``rstd``.
 
+    In blocks of rows, into the output and one block of scratch (Note [Row blocks]); the
+    row sums are products with a vector of ones (one BLAS call each, where numpy's
+    reductions would make a pass and a temporary), so they add in BLAS's order.
+
     >>> layer_norm_forward(np.array([[0.0, 2.0]]), np.array([2.0, 2.0]), np.array([1.0, 1.0]))[0]
     array([[-0.99999,  2.99999]])
     """
-    x = np.asarray(x)
-    weight = None if weight is None else np.asarray(weight)
-    bias = None if bias is None else np.asarray(bias)
+    x = np.asanyarray(x)
+    weight = None if weight is None else np.asanyarray(weight)
+    bias = None if bias is None else np.asanyarray(bias)
     _check(x, weight, bias, "layer_norm_forward")
-    mean = x.mean(axis=-1, keepdims=True)
-    d = x - mean
-    std = np.sqrt((d * d).mean(axis=-1, keepdims=True) + eps)
-    y = d / std
-    if weight is not None:
-        y = y * weight
-    if bias is not None:
-        y = y + bias
-    return y, mean[..., 0], 1 / std[..., 0]
+    dtype = np.result_type(x, 1.0) if x.dtype.kind not in "fc" else x.dtype
+    cols = x.shape[-1]
+    y = np.empty(x.shape, np.result_type(dtype, *(p for p in (weight, bias) if p is not None)))
+    mean = np.empty(x.shape[:-1], dtype)
+    rstd = np.empty(x.shape[:-1], dtype)
+    if y.size == 0:
+        if mean.size:  # rows of no columns: numpy's mean of nothing
+            with np.errstate(invalid="ignore", divide="ignore"):
+                mean[...] = np.nan
+                rstd[...] = 1 / np.sqrt(mean + eps)
+        return y, mean, rstd
+    x2, y2, m1, r1 = _as_rows(x), _as_rows(y), mean.reshape(-1, 1), rstd.reshape(-1, 1)
+    rows = x2.shape[0]
+    step = row_block(cols, y.itemsize)
+    d = np.empty((min(step, rows), cols), dtype) if y.dtype != dtype else None
+    ones = np.ones((cols, 1), dtype)
+    inv = 1.0 / cols  # a Python float: float32 stays float32
+    for r0 in range(0, rows, step):
+        r1_ = min(rows, r0 + step)
+        xb, mu, rs = x2[r0:r1_], m1[r0:r1_], r1[r0:r1_]
+        db = y2[r0:r1_] if d is None else d[: r1_ - r0]
+        np.matmul(xb, ones, out=mu)
+        mu *= inv
+        np.subtract(xb, mu, out=db)
+        np.matmul(db[:, None, :], db[:, :, None], out=rs[:, :, None])  # the rows' squares
+        rs *= inv
+        rs += eps
+        np.sqrt(rs, out=rs)
+        np.divide(1.0, rs, out=rs)
+        yb = y2[r0:r1_]
+        np.multiply(db, rs, out=yb)
+        if weight is not None:
+            np.multiply(yb, weight, out=yb)
+        if bias is not None:
+            np.add(yb, bias, out=yb)
+    return y, mean, rstd
 
 
 def layer_norm_backward(
@@ -65,22 +125,63 @@ def layer_norm_backward(
     ``dx = rstd * (gy - mean(gy) - xhat * mean(gy * xhat))`` with ``gy = dy * weight``,
     ``dweight = sum(dy * xhat)`` and ``dbias = sum(dy)`` over the rows.
 
+    In blocks of rows with three block-sized buffers (Note [Row blocks]); the row means and
+    the column sums are products with a vector of ones (one BLAS call each, where numpy's
+    reductions would make a pass and a temporary), so they add in BLAS's order.
+
     >>> x = np.array([[1.0, 3.0]])
     >>> _, mean, rstd = layer_norm_forward(x)
     >>> [g.round(4) for g in layer_norm_backward(np.array([[1.0, 1.0]]), x, mean, rstd)]
     [array([[0., 0.]]), array([-1.,  1.]), array([1., 1.])]
     """
-    dy, x = np.asarray(dy), np.asarray(x)
-    weight = None if weight is None else np.asarray(weight)
+    dy, x = np.asanyarray(dy), np.asanyarray(x)
+    weight = None if weight is None else np.asanyarray(weight)
     _check(x, weight, None, "layer_norm_backward")
     if dy.shape != x.shape:
         raise ValueError(f"layer_norm_backward: dy must have x's shape {x.shape}, got {dy.shape}")
-    rstd = np.asarray(rstd)[..., None]
-    xhat = (x - np.asarray(mean)[..., None]) * rstd
-    gy = dy if weight is None else dy * weight
-    inner = gy.mean(axis=-1, keepdims=True) + xhat * (gy * xhat).mean(axis=-1, keepdims=True)
-    rows = tuple(range(x.ndim - 1))
-    return rstd * (gy - inner), (dy * xhat).sum(axis=rows), dy.sum(axis=rows)
+    mean, rstd = np.asanyarray(mean), np.asanyarray(rstd)
+    dtype = np.result_type(dy, x, mean, rstd, *(() if weight is None else (weight,)))
+    if dtype.kind not in "fc":
+        dtype = np.result_type(dtype, 1.0)
+    cols = x.shape[-1]
+    dx = np.empty(x.shape, dtype)
+    dweight = np.zeros(x.shape[-1:], dtype)
+    dbias = np.zeros(x.shape[-1:], dtype)
+    if dx.size == 0:
+        return dx, dweight, dbias
+    dy2, x2, dx2 = _as_rows(dy), _as_rows(x), _as_rows(dx)
+    m1, r1 = mean.reshape(-1, 1), rstd.reshape(-1, 1)
+    rows = x2.shape[0]
+    step = row_block(cols, dx.itemsize)
+    k = min(step, rows)
+    xhat, gy, tmp = (np.empty((k, cols), dtype) for _ in range(3))
+    ones_rows, ones_cols = np.ones(k, dtype), np.ones((cols, 1), dtype)
+    inv = 1.0 / cols  # a Python float: float32 stays float32
+    for r0 in range(0, rows, step):
+        r1_ = min(rows, r0 + step)
+        n = r1_ - r0
+        xb, dyb, rs = x2[r0:r1_], dy2[r0:r1_], r1[r0:r1_]
+        xh, t = xhat[:n], tmp[:n]
+        np.subtract(xb, m1[r0:r1_], out=xh)
+        np.multiply(xh, rs, out=xh)
+        np.multiply(dyb, xh, out=t)  # the weight gradient's terms
+        dweight += ones_rows[:n] @ t
+        dbias += ones_rows[:n] @ dyb
+        if weight is None:
+            g = dyb
+        else:
+            g = gy[:n]
+            np.multiply(dyb, weight, out=g)
+        mean_g = g @ ones_cols
+        mean_g *= inv
+        proj = np.matmul(g[:, None, :], xh[:, :, None])[:, 0]  # the rows' dot products
+        proj *= inv
+        np.multiply(xh, proj, out=xh)  # inner = mean(gy) + xhat * mean(gy * xhat)
+        np.add(xh, mean_g, out=xh)
+        out = dx2[r0:r1_]
+        np.subtract(g, xh, out=out)
+        np.multiply(out, rs, out=out)
+    return dx, dweight, dbias
 
 
 REFERENCES: dict[str, Callable[..., Any]] = {

@@ -87,7 +87,8 @@ def xent_forward(logits: Any, labels: Any) -> tuple[np.ndarray, np.ndarray, np.n
     x = _as_float(logits)
     labels = check_labels(labels, x.shape[-1], x.shape[:-1])
     shift = row_shift(np.max(x, axis=-1, initial=-np.inf))
-    sum_exp = np.sum(np.exp(x - shift[..., None]), axis=-1)
+    e = np.subtract(x, shift[..., None])  # the one temporary: exp in place
+    sum_exp = np.sum(np.exp(e, out=e), axis=-1)
     return np.log(sum_exp) + shift - _take(x, labels), shift, sum_exp
 
 
@@ -136,13 +137,21 @@ def xent_backward(
     array([[-0.5,  0.5]])
     """
     x = _as_float(logits)
-    classes = x.shape[-1] if classes is None else classes
+    cols = x.shape[-1]
+    classes = cols if classes is None else classes
     labels = check_labels(labels, classes, x.shape[:-1])
     rows = x.shape[:-1]
-    p = np.exp(x - np.asarray(shift, x.dtype)[..., None]) / np.asarray(sum_exp, x.dtype)[..., None]
-    hot = np.arange(start, start + x.shape[-1]) == labels[..., None]
     g = np.broadcast_to(np.asarray(grad_loss, x.dtype), rows)
-    return (p - hot) * g[..., None]
+    # exp(x - shift) * (g / sum_exp), then g off at the label: one array, three passes
+    dx = np.subtract(x, np.asarray(shift, x.dtype)[..., None])
+    np.exp(dx, out=dx)
+    dx *= (g / np.asarray(sum_exp, x.dtype))[..., None]
+    column = (labels - start).reshape(-1)
+    mine = np.flatnonzero((column >= 0) & (column < cols))
+    if mine.size:
+        flat = dx.reshape(-1, cols)  # a view: dx is a fresh C-contiguous array
+        flat[mine, column[mine]] -= g.reshape(-1)[mine]
+    return dx
 
 
 REFERENCES: dict[str, Callable[..., Any]] = {

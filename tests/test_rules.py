@@ -251,6 +251,9 @@ NO_GRADIENT_BY_DESIGN = {
     # primitives have gradients); a fused kernel taking them needs a gradient with it
     "softmax",
     "log_softmax",
+    # fused gradient kernels: backward runs with recording off, so nothing differentiates them
+    "layer_norm_grad",
+    "cross_entropy_grad",
 }
 
 

@@ -16,12 +16,14 @@ array([[0.1491, 0.1491],
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
 
 from .. import backend
 from ..autograd import NOT_DIFFERENTIABLE, GradContext, gradient
+from ..spec import DistSpec
 from ..spmd.core import parse_equation
 from ..tensor import DistTensor
 from . import layout as lay
@@ -580,25 +582,39 @@ def _sum_over(g, axes):
     return red.sum(g, axes) if axes else g
 
 
+@lru_cache(maxsize=1024)
+def _rows_spec(spec: DistSpec, ndim: int) -> DistSpec:
+    """``spec`` on its first ``ndim`` axes: the layout of row statistics of a tensor laid out
+    as ``spec`` whose other axes are whole (Note [Saved for backward] in dispatch.py)."""
+    return spec.replace(shape=spec.shape[:ndim])
+
+
+def _saved(ctx, spec: DistSpec) -> tuple:
+    """``ctx.extra``'s arrays as DistTensors of ``spec``; empty shards on a rank outside the
+    mesh, which holds none (its kernel was skipped)."""
+    if ctx.extra is not None:
+        return tuple(DistTensor(a, spec) for a in ctx.extra)
+    xp = backend.xp(ctx.saved)
+    return tuple(DistTensor(xp.empty(spec.local_shape(None), spec.dtype), spec) for _ in (0, 1))
+
+
 @gradient("layer_norm")
 def _layer_norm(ctx, g):
-    """The fused op's gradient (its normalized axes are whole, so their means are local)."""
+    """The fused op's gradient: one fused kernel from the forward's row mean and rstd (its
+    normalized axes are whole, so their statistics are local)."""
     x, w, b = ctx.args
-    begin, eps = ctx.attrs.get("begin_norm_axis", -1), ctx.attrs.get("epsilon", 1e-5)
-    axes = tuple(range(begin % x.ndim, x.ndim))
-    batch = tuple(range(begin % x.ndim))
-    d = sub(x, red.mean(x, axes, keepdims=True))
-    rstd = EW["rsqrt"](add(red.mean(mul(d, d), axes, keepdims=True), eps))
-    xhat = mul(d, rstd)
-    gy = g if w is None else mul(g, w)
-    gx = None
-    if ctx.needs[0]:
-        proj = red.mean(mul(gy, xhat), axes, keepdims=True)
-        inner = add(red.mean(gy, axes, keepdims=True), mul(xhat, proj))
-        gx = mul(rstd, sub(gy, inner))
-    gw = _sum_over(mul(g, xhat), batch) if w is not None and ctx.needs[1] else None
-    gb = _sum_over(g, batch) if b is not None and ctx.needs[2] else None
-    return gx, gw, gb
+    needs = ctx.needs
+    begin = ctx.attrs["begin_norm_axis"]
+    wants = "x" * needs[0] + "w" * (w is not None and needs[1]) + "b" * (b is not None and needs[2])
+    if not wants:
+        return None, None, None
+    spec = ctx.out_specs[0]
+    stats = spec.replace(dtype=np.result_type(x.dtype, 1.0))  # the forward's (kernels/)
+    mean, rstd = _saved(ctx, _rows_spec(stats, begin))
+    args = (g, x, mean, rstd) if w is None else (g, x, mean, rstd, w)
+    outs = nn.LAYER_NORM_GRAD(*args, begin_norm_axis=begin, wants=wants)
+    found = dict(zip(wants, outs if len(wants) > 1 else (outs,)))
+    return found.get("x"), found.get("w"), found.get("b")
 
 
 @gradient("embedding")
@@ -628,11 +644,12 @@ def _onehot(labels, axis: int, classes: int, ndim: int):
 
 @gradient("cross_entropy")
 def _cross_entropy(ctx, g):
+    """One fused kernel from the forward's row shift and sum of exponentials."""
     logits, labels = ctx.args
-    axis = ctx.attrs["axis"]
-    p = red.softmax(logits, axis)
-    hot = _onehot(labels, axis, logits.shape[axis], logits.ndim)
-    return mul(sub(p, hot.astype(p.dtype)), sh.expand_dims(g, axis)), None
+    if not ctx.needs[0]:
+        return None, None
+    shift, sum_exp = _saved(ctx, ctx.out_specs[0])
+    return nn.CROSS_ENTROPY_GRAD(logits, labels, shift, sum_exp, g, axis=ctx.attrs["axis"]), None
 
 
 @gradient("take_labels")

@@ -88,35 +88,55 @@ def _check_integer(a: Any, what: str) -> None:
 
 
 # -- layer_norm ------------------------------------------------------------------------------
+def _rows2d(x, begin: int, xp: Any) -> Any:
+    """``x`` with its axes from ``begin`` on made one (a view where the layout allows)."""
+    if begin == x.ndim - 1:
+        return x
+    return xp.reshape(x, x.shape[:begin] + (math.prod(x.shape[begin:]),))
+
+
 def _layer_norm_kernel(
     x, weight=None, bias=None, begin_norm_axis=-1, epsilon=1e-5, be=backend.NUMPY
 ):
-    """kernels/layer_norm.py's forward over the last axis; several normalized axes are made
-    one (C-contiguous input: a view, and numpy's mean over the trailing axes coalesces them
-    into one loop, so the same sums)."""
+    """kernels/layer_norm.py's forward over the last axis (several normalized axes made one);
+    returns ``(y, (mean, rstd))``, the row statistics of shape ``x.shape[:begin]`` kept for
+    the gradient (Note [Saved for backward] in dispatch.py)."""
     forward = backend.kernels(be, "layer_norm")["layer_norm_forward"]
     begin = begin_norm_axis % x.ndim
-    if begin == x.ndim - 1:
-        return forward(x, weight, bias, epsilon)[0]
-    if not x.flags.c_contiguous:  # a copy would sum in another order than numpy's own loop
-        return _layer_norm_axes(x, weight, bias, begin, epsilon, be.xp)
-    rows = x.shape[:begin] + (math.prod(x.shape[begin:]),)
     w, b = (None if a is None else a.reshape(-1) for a in (weight, bias))
-    return forward(x.reshape(rows), w, b, epsilon)[0].reshape(x.shape)
-
-
-def _layer_norm_axes(x, weight, bias, begin, epsilon, xp):
-    """The forward of a strided input over several axes, with means over those axes."""
-    axes = tuple(range(begin, x.ndim))
-    d = x - x.mean(axis=axes, keepdims=True)
-    y = d / xp.sqrt((d * d).mean(axis=axes, keepdims=True) + epsilon)
-    if weight is not None:
-        y = y * weight
-    return y if bias is None else y + bias
+    y, mean, rstd = forward(_rows2d(x, begin, be.xp), w, b, epsilon)
+    return y.reshape(x.shape), (mean, rstd)
 
 
 _LAYER_NORM = Op(
-    "layer_norm", _layer_norm_kernel, rule="layer_norm", device=_with(_layer_norm_kernel)
+    "layer_norm",
+    _layer_norm_kernel,
+    rule="layer_norm",
+    device=_with(_layer_norm_kernel),
+    saves=True,
+)
+
+
+def _layer_norm_grad_kernel(g, x, mean, rstd, weight=None, begin_norm_axis=-1, wants="xwb",
+                            be=backend.NUMPY):  # fmt: skip
+    """The gradients ``wants`` names ("x": dx, "w": dweight, "b": dbias, in that order) from
+    the forward's row statistics: kernels/layer_norm.py's backward."""
+    backward = backend.kernels(be, "layer_norm")["layer_norm_backward"]
+    begin = begin_norm_axis % x.ndim
+    xp = be.xp
+    w = None if weight is None else weight.reshape(-1)
+    dx, dw, db = backward(_rows2d(g, begin, xp), _rows2d(x, begin, xp), mean, rstd, w)
+    found = {"x": dx.reshape(x.shape), "w": dw.reshape(x.shape[begin:]),
+             "b": db.reshape(x.shape[begin:])}  # fmt: skip
+    outs = tuple(found[k] for k in wants)
+    return outs if len(outs) > 1 else outs[0]
+
+
+LAYER_NORM_GRAD = Op(
+    "layer_norm_grad",
+    _layer_norm_grad_kernel,
+    rule="layer_norm_grad",
+    device=_with(_layer_norm_grad_kernel),
 )
 
 
@@ -233,10 +253,13 @@ _TAKE_LABELS = Op(
 
 def _cross_entropy_kernel(logits, labels, axis, be=backend.NUMPY):
     """Per-sample ``logsumexp(x) - x[label]`` along ``axis``, shifted by the row max:
-    kernels/softmax_xent.py's forward with the class axis moved last."""
+    kernels/softmax_xent.py's forward with the class axis moved last. Returns ``(loss,
+    (shift, sum_exp))``: the row statistics the gradient's softmax needs (Note [Saved for
+    backward] in dispatch.py)."""
     x = be.xp.moveaxis(logits, axis, -1)
     labels = _check_index(labels, x.shape[-1], "cross_entropy: labels", be.xp)
-    return backend.kernels(be, "softmax_xent")["xent_forward"](x, labels)[0]
+    loss, shift, sum_exp = backend.kernels(be, "softmax_xent")["xent_forward"](x, labels)
+    return loss, (shift, sum_exp)
 
 
 _CROSS_ENTROPY = Op(
@@ -244,6 +267,25 @@ _CROSS_ENTROPY = Op(
     _cross_entropy_kernel,
     rule="cross_entropy",
     device=_with(_cross_entropy_kernel),
+    saves=True,
+)
+
+
+def _cross_entropy_grad_kernel(logits, labels, shift, sum_exp, g, axis, be=backend.NUMPY):
+    """``(softmax(logits) - onehot(labels)) * g`` along ``axis``, the softmax from the
+    forward's row statistics: kernels/softmax_xent.py's backward."""
+    xp = be.xp
+    x = xp.moveaxis(logits, axis, -1)
+    labels = _check_index(labels, x.shape[-1], "cross_entropy: labels", xp)
+    dx = backend.kernels(be, "softmax_xent")["xent_backward"](x, labels, shift, sum_exp, g)
+    return xp.moveaxis(dx, -1, axis)
+
+
+CROSS_ENTROPY_GRAD = Op(
+    "cross_entropy_grad",
+    _cross_entropy_grad_kernel,
+    rule="cross_entropy_grad",
+    device=_with(_cross_entropy_grad_kernel),
 )
 
 

@@ -142,6 +142,52 @@ def layer_norm_rule(
     )
 
 
+@register("layer_norm_grad")
+def layer_norm_grad_rule(
+    specs: Sequence[TensorSpec], mesh_shape, begin_norm_axis: int = -1, wants: str = "xwb", **_
+) -> RuleResult:
+    """The fused layer norm's gradients: inputs (g, x, mean, rstd[, weight]), the statistics
+    of shape ``x.shape[:begin]``; outputs those ``wants`` names: dx ("x", x's shape), dweight
+    ("w") and dbias ("b", the normalized shape).
+
+    Per mesh dim: x keeps a split of a batch axis (the layout the forward ran in), g and the
+    statistics follow it, the weight is whole, dx is split as x is and dweight/dbias, sums over
+    the rows, are Partial(sum) there. Every output is linear in g, so a Partial(sum) g passes
+    through where x is whole (the gradient of a layer norm feeding a column-parallel linear:
+    no reduction here).
+    """
+    g, x = specs[0], specs[1]
+    begin = normalize_axis(begin_norm_axis, x.ndim, "layer_norm_grad")
+    rows = x.shape[:begin]
+    for name, s in (("g", g), ("mean", specs[2]), ("rstd", specs[3])):
+        want = x.shape if name == "g" else rows
+        if s.shape != want:
+            raise ValueError(f"layer_norm_grad: {name} must have shape {want}, got {s.shape}")
+    pg_in: list[Placement] = []
+    px_in: list[Placement] = []
+    out_x: list[Placement] = []
+    out_p: list[Placement] = []
+    for m in range(len(mesh_shape)):
+        px, pg = x.placements[m], g.placements[m]
+        base = px if isinstance(px, Shard) and px.dim < begin else _R
+        if base is _R and isinstance(pg, Partial) and pg.reduce_type == "sum":
+            pg_in.append(pg)
+            px_in.append(_R)
+            out_x.append(pg)
+            out_p.append(pg)
+        else:
+            pg_in.append(base)
+            px_in.append(base)
+            out_x.append(base)
+            out_p.append(Partial("sum") if base is not _R else _R)
+    ins = [tuple(pg_in), tuple(px_in), tuple(px_in), tuple(px_in)]
+    ins += [(_R,) * len(mesh_shape)] * (len(specs) - 4)
+    found = {"x": (tuple(out_x), x.shape), "w": (tuple(out_p), x.shape[begin:])}
+    found["b"] = found["w"]
+    outs = [found[k] for k in wants]
+    return RuleResult(tuple(ins), tuple(o for o, _ in outs), tuple(sh for _, sh in outs))
+
+
 def _label_letters(logits: TensorSpec, labels: TensorSpec, axis: int, what: str):
     """Letters of logits, of labels (logits' without the class axis) and the class letter."""
     axis = normalize_axis(axis, logits.ndim, what)
@@ -183,6 +229,25 @@ def cross_entropy_rule(
         )
     red = get_rule(reduction)((TensorSpec(res.shapes[0], res.outputs[0]),), mesh_shape)
     return RuleResult(res.inputs, red.outputs, red.shapes)
+
+
+@register("cross_entropy_grad")
+def cross_entropy_grad_rule(specs: Sequence[TensorSpec], mesh_shape, axis: int = -1, **_):
+    """The fused cross entropy's gradient: inputs (logits, labels, shift, sum_exp, g), all but
+    the logits of the loss's shape; the output has the logits' shape. The class axis is
+    whole (Note [Row-wise rules]); the output is linear in g, so a Partial g passes through."""
+    logits, labels = specs[0], specs[1]
+    letters, rest, cls = _label_letters(logits, labels, axis, "cross_entropy_grad")
+    return einsum_result(
+        [letters, rest, rest, rest, rest],
+        letters,
+        specs,
+        mesh_shape,
+        reduce=None,
+        linearity="multilinear",
+        linear_in=[4],
+        unshardable=frozenset(cls),
+    )
 
 
 @register("take_labels")
