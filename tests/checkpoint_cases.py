@@ -3,7 +3,8 @@
 ``mpiexec -n 4 python tests/checkpoint_cases.py save DIR`` saves STATE on a (2, 2) "dp" x
 "mp" mesh; ``mpiexec -n K python tests/checkpoint_cases.py load DIR`` (K = 1..4) loads it into
 other placements on a 1-D mesh of K ranks and checks every rank's shard and the global values
-bit for bit; ``python tests/checkpoint_cases.py crash DIR ROUNDS SEED`` runs the SIGKILL loop
+bit for bit (LONG's tensors too: saved by 1, 2 or 3 of the 4 ranks, loaded split another
+way); ``python tests/checkpoint_cases.py crash DIR ROUNDS SEED`` runs the SIGKILL loop
 (``crash_rounds``). Each prints one ``OK ...`` line on rank 0 and exits non-zero on a failure.
 """
 
@@ -47,6 +48,57 @@ TENSORS = {
     "z": ((4, 3), np.complex128, [R, R], [S0]),
     "empty": ((1, 4), np.float64, [S0, S1], [S0]),
 }
+
+
+# Long rows read in strips (Note [Reading only what overlaps]): pieces whose rows hold several
+# checksum strips (tiles.py: 4 KiB at least, aiming at 64 KiB tiles), loaded so that a rank's
+# box starts mid-row, at a strip other than the piece's first; a read of one row's strips is one
+# positioned read (tiles.span), a read of columns of several rows goes through a memory map.
+# name: (global shape, dtype, saved by ranks 0..n-1 as a 1-D mesh, its placements there,
+# placements on the 1-D load mesh of every rank). Most lengths are odd: uneven splits.
+LONG = {
+    # 512 KiB saved by one rank, one piece of 8 strips: on 3 ranks boxes start mid-strip, on 2
+    # rank 1's box is strips 4 to 7 exactly (read straight into the result)
+    "line": ((65536,), np.float64, 1, [S0], [S0]),
+    # halves of 6 strips loaded in thirds, thirds of 4 strips loaded in halves
+    "halves": ((100003,), np.float64, 2, [S0], [S0]),
+    "thirds": ((100003,), np.float64, 3, [S0], [S0]),
+    # bands of 2 rows by 3 strips: a box of columns of them is strided (the memory map)
+    "wide": ((3, 40001), np.float32, 1, [R], [S1]),
+    # pieces of one band of 2 rows by 3 strips: strided too, though in one band
+    "band": ((4, 12289), np.float64, 2, [S0], [S1]),
+    # one-row pieces of 4 strips: a box of columns of one is one read
+    "rows": ((3, 40001), np.float64, 3, [S0], [S1]),
+    # rows of 4 strips loaded as rows: on 3 ranks rank 2's box is empty
+    "tall": ((2, 40001), np.float64, 1, [R], [S0]),
+}
+
+
+def long_on() -> dict:
+    """LONG's tensors, each on the ranks that save it (the others hold none)."""
+    return {
+        name: dt.shard_tensor(value(shape, dtype, 100 + i), dt.ProcessMesh(list(range(n))), pls)
+        for i, (name, (shape, dtype, n, pls, _)) in enumerate(LONG.items())
+    }
+
+
+def long_template(mesh: dt.ProcessMesh) -> dict:
+    """Zeros in LONG's load placements on ``mesh``."""
+    return {
+        name: dt.zeros(shape, dtype, mesh=mesh, placements=pls)
+        for name, (shape, dtype, _, _, pls) in LONG.items()
+    }
+
+
+def check_long(got: dict, mesh: dt.ProcessMesh) -> int:
+    """Each of LONG's loaded tensors equals its value bit for bit, each rank's shard its box."""
+    rank = dt.get_rank()
+    for i, (name, (shape, dtype, _, _, pls)) in enumerate(LONG.items()):
+        x, want = got[name], value(shape, dtype, 100 + i)
+        assert x.placements == pls and x.mesh == mesh and x.dtype == want.dtype, name
+        assert np.array_equal(x.numpy(), want), name
+        assert np.array_equal(x.to_local(), local_shard(want, mesh, pls, rank)), name
+    return len(LONG)
 
 
 def state_on(mesh: dt.ProcessMesh) -> dict:
@@ -181,13 +233,16 @@ def main(argv: list[str]) -> None:
         return
     n = dt.get_world_size()
     path = os.path.join(directory, "ckpt")
+    # LONG rides along here, not in STATE: tests/test_device_checkpoint.py counts STATE's
+    # tensors, and test_checkpoint loads LONG on its own on simulated ranks
     if what == "save":
         mesh = dt.init_mesh((2, 2), dim_names=["dp", "mp"])
-        dt.save(state_on(mesh), path)
+        dt.save({**state_on(mesh), "long": long_on()}, path)
         checks = 1
     else:
         mesh = dt.init_mesh((n,))
-        checks = check_loaded(dt.load(template_on(mesh), path), mesh)
+        state = dt.load({**template_on(mesh), "long": long_template(mesh)}, path)
+        checks = check_loaded(state, mesh) + check_long(state["long"], mesh)
     dt.barrier()
     if dt.get_rank() == 0:
         print(f"OK {what} on {n} ranks, {checks} checks", flush=True)

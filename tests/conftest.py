@@ -4,7 +4,8 @@ MPI (``pytest -m mpi_impl``; docs/install.md).
 
 They are the tests of the MPI backend itself: the SPMD cases on 1 to 4 ranks (every collective
 and the NaN-correct MAX/MIN user ops), the abort hook, the watchdog and the agreement check
-(tests/test_mpi.py, tests/test_faults.py, tests/test_harness.py), non-blocking all-reduce
+(tests/test_mpi.py, tests/test_faults.py, tests/test_harness.py, tests/test_agree.py: calls that
+differ in one field, on the check's own MPI channel), non-blocking all-reduce
 progress overlapped with backward (tests/test_parallel.py) and checkpoints written and read by
 separate processes (tests/test_checkpoint.py). The other mpiexec tests (demos, benchmarks, the
 numpy programs) run the same backend calls for numerics those cases already cover, and would
@@ -19,6 +20,7 @@ MPI_IMPL_FILES = {
     "test_mpi.py",
     "test_faults.py",
     "test_harness.py",
+    "test_agree.py",
     "test_parallel.py",
     "test_checkpoint.py",
 }

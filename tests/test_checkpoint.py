@@ -16,12 +16,16 @@ import sys
 import numpy as np
 import pytest
 from checkpoint_cases import (
+    LONG,
     PSUM,
     S0,
     S1,
     TENSORS,
     R,
     check_loaded,
+    check_long,
+    long_on,
+    long_template,
     state_on,
     template_on,
     value,
@@ -31,7 +35,9 @@ from op_cases import MESH_SHAPES, assert_grid, make_input, mesh_of, placements
 from oracle import local_shard
 
 import disttensor as dt
-from disttensor.checkpoint import CheckpointError, IOCounter
+from disttensor.checkpoint import CheckpointError, IOCounter, loading
+from disttensor.checkpoint.files import read_region
+from disttensor.checkpoint.tiles import span, touched, view2d
 
 C128 = np.dtype(np.complex128)
 DTYPES = [np.dtype(t) for t in (np.float64, np.float32, np.int64, np.bool_, np.complex128)]
@@ -202,6 +208,61 @@ def test_load_on_other_worlds_and_placements(k, tmp_path):
     and placements: bit-identical values, each rank holding exactly its box."""
     path = saved_2x2(str(tmp_path))
     assert_grid(dt.simulate(k, load_cross, path, k), minimum=40)
+
+
+# -- long rows read in strips ------------------------------------------------------------------
+def read_kind(piece: dict, region: tuple[slice, ...]) -> str:
+    """How files.read_region reads ``region`` of ``piece``, for a region that starts at a
+    column strip other than the first: "one read" (tiles.span), "straight" (that read lands
+    in the result: the region is its bytes exactly) or "memory map" (of strips of one band or
+    of several); else "from strip 0"."""
+    shape, (rt, cw) = tuple(piece["shape"]), piece["tile"]
+    tiles = touched(shape, region, rt, cw)
+    if not tiles or min(s for _, s in tiles) == 0:
+        return "from strip 0"
+    found = span(shape, tiles, rt, cw)
+    if found is None:  # one band of several rows is no more contiguous than several bands
+        return "memory map" if len({b for b, _ in tiles}) > 1 else "memory map, one band"
+    r0, r1, c0, c1 = found
+    cols = view2d(shape)[1]
+    start = sum(s.start * math.prod(shape[j + 1 :]) for j, s in enumerate(region))
+    size = math.prod(s.stop - s.start for s in region)
+    exact = start == r0 * cols + c0 and size == (r1 - r0 - 1) * cols + c1 - c0
+    return "straight" if exact else "one read"
+
+
+@pytest.mark.parametrize(
+    "k,kinds",
+    [
+        (2, {"one read", "straight", "memory map", "memory map, one band"}),
+        (3, {"one read", "memory map", "memory map, one band"}),
+        (4, {"one read", "straight", "memory map", "memory map, one band"}),
+    ],
+    ids=["on 2", "on 3", "on 4"],
+)
+def test_long_rows_load_from_mid_row_strips(k, kinds, tmp_path, monkeypatch):
+    """checkpoint_cases.LONG: 1-D arrays of 512 and 781 KiB and wide 2-D ones saved by 1, 2
+    or 3 ranks, loaded on k ranks split another way (rank 2's box of "tall" on 3 is empty):
+    bit-identical values and shards, no error. Rank boxes start mid-row, at a column strip
+    other than a piece's first, read by each of read_region's ways; the reads are recorded
+    and their kinds asserted, so that a change of the tiling that stops making such reads
+    fails here instead of leaving the case testing less."""
+    path = str(tmp_path / "ckpt")
+    dt.simulate(3, lambda: dt.save(long_on(), path))
+    reads = []
+
+    def recorded(directory, piece, dtype, region, out=None):
+        reads.append(read_kind(piece, region))
+        return read_region(directory, piece, dtype, region, out)
+
+    monkeypatch.setattr(loading, "read_region", recorded)
+
+    def load():
+        mesh = dt.init_mesh((k,))
+        return check_long(dt.load(long_template(mesh), path), mesh)
+
+    assert dt.simulate(k, load) == [len(LONG)] * k
+    assert kinds <= set(reads), reads
 
 
 # -- bytes written and read per rank --------------------------------------------------------------
@@ -710,8 +771,9 @@ def test_optimizer_load_state_dict_errors_change_nothing():
 @pytest.mark.mpi
 @pytest.mark.skipif(no_mpiexec(), reason="mpiexec not found (pip install mpich)")
 def test_save_on_4_processes_load_on_2_and_3(tmp_path):
-    """Under mpiexec: (2, 2) dp x mp save on 4 processes, loads on 2 and 3 into 1-D layouts,
-    every rank checking its shard and the global values bit for bit (checkpoint_cases)."""
+    """Under mpiexec: (2, 2) dp x mp save on 4 processes (checkpoint_cases.LONG's tensors by
+    1 to 3 of them), loads on 2 and 3 into 1-D layouts, every rank checking its shard and the
+    global values bit for bit (checkpoint_cases)."""
     for n, what in [(4, "save"), (2, "load"), (3, "load")]:
         code, out = run(n, ["tests/checkpoint_cases.py", what, str(tmp_path)], timeout=120)
         assert code == 0 and f"OK {what} on {n} ranks" in out, out
