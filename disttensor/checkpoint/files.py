@@ -242,6 +242,14 @@ def read_region(
     elif not direct:  # the region inside the tiles read, with the piece's strides
         steps = [math.prod(shape[j + 1 :]) * size for j in range(len(shape))]
         first_item = raw.reshape(-1)[(start - base) * size :].view(dtype)
+        # as_strided checks nothing: a region reaching past the bytes read would read memory
+        # that is not the file's (a wrong tile plan), so refuse it instead of crashing
+        reach = sum((n - 1) * st for n, st in zip(out.shape, steps)) + size if out.size else 0
+        if start < base or reach > first_item.nbytes:
+            raise CheckpointError(
+                f"checkpoint file {name}: the region {region} lies outside the bytes read for it "
+                "(an internal error of the tile plan; please report it)"
+            )
         out[...] = as_strided(first_item, out.shape, steps, writeable=False)
     return out
 

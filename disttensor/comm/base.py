@@ -142,9 +142,11 @@ class Communicator:
 
     def iallreduce(self, send: np.ndarray, recv: np.ndarray, op: str = "sum") -> Work:
         """Non-blocking ``allreduce`` (in place too): neither buffer may be touched until
-        the returned Work's ``wait()``."""
+        the returned Work's ``wait()``. Counted as an all_reduce; checked as a kind of its
+        own, since MPI never matches it with a blocking one (a rank here and another in
+        ``allreduce`` would wait for ever)."""
         if agree.CHECK:
-            self._agree_before("all_reduce", (send.dtype, send.size, op))
+            self._agree_before("iall_reduce", (send.dtype, send.size, op))
         record("all_reduce", send.nbytes)
         return self._iallreduce(send, recv, op)
 

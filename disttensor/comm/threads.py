@@ -181,14 +181,19 @@ class ThreadComm(Communicator):
             self._diverged(pending[0], pending[1])
         return got
 
-    def _allreduce(self, send, recv, op):
+    def _allreduce(self, send, recv, op, what="all_reduce"):
         if send is recv:  # other ranks read the posted buffer while this one writes recv
             send = send.copy()
 
         def compute(items):
             recv[...] = reduce_arrays(items, op).reshape(recv.shape)
 
-        self._x(send, "all_reduce", compute)
+        self._x(send, what, compute)
+
+    def _iallreduce(self, send, recv, op):
+        # done at once, but met as a kind of its own: MPI never matches it with a blocking one
+        self._allreduce(send, recv, op, "iall_reduce")
+        return Work()
 
     def _allgather(self, send, recv, counts):
         def compute(items):
