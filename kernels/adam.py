@@ -125,16 +125,23 @@ def adam_update(
     """
     _check(param, grad, exp_avg, exp_avg_sq)
     c = coefficients(param.dtype, **hyper)
-    for w, g, m, v in _blocks((param, grad, exp_avg, exp_avg_sq)):
+    # the expression's temporaries written into three block-sized buffers, made once per
+    # call: the same operations in the same order, so the same bits
+    arrays = (param, grad, exp_avg, exp_avg_sq)
+    k = min(param.size, BLOCK) if all(a.flags.c_contiguous for a in arrays) else None
+    bufs = [np.empty(k or param.shape, param.dtype) for _ in range(3)]
+    for w, g, m, v in _blocks(arrays):
+        t1, t2, t3 = (b[: w.size] if k else b for b in bufs)
         if c.mode == L2_DECAY:
-            g = g + c.weight_decay * w
+            g = np.add(g, np.multiply(c.weight_decay, w, out=t3), out=t3)
         m *= c.beta1
-        m += c.one_minus_beta1 * g
+        m += np.multiply(c.one_minus_beta1, g, out=t1)
         v *= c.beta2
-        v += c.one_minus_beta2 * (g * g)
+        v += np.multiply(c.one_minus_beta2, np.multiply(g, g, out=t1), out=t1)
         if c.mode == DECOUPLED_DECAY:
             w *= c.decay
-        w -= c.step_size * m / (np.sqrt(v / c.bias_correction2) + c.eps)
+        denom = np.add(np.sqrt(np.divide(v, c.bias_correction2, out=t1), out=t1), c.eps, out=t1)
+        w -= np.divide(np.multiply(c.step_size, m, out=t2), denom, out=t2)
 
 
 REFERENCES: dict[str, Callable[..., Any]] = {"adam_update": adam_update}

@@ -203,15 +203,15 @@ def _check_reduction(reduction: str, what: str) -> str:
 
 
 class MSELoss(Module):
-    """``mean((input - target)^2)`` (or sum, or none): subtract, square, mean."""
+    """``mean((input - target)^2)`` (or sum, or none): subtract, square, mean (square's
+    gradient is one product, ``2 d g``, where ``d * d``'s would be two and a sum)."""
 
     def __init__(self, reduction: str = "mean") -> None:
         super().__init__()
         self.reduction = _check_reduction(reduction, "MSELoss")
 
     def forward(self, input: Any, target: Any) -> DistTensor:
-        d = input - target
-        sq = d * d
+        sq = ops.square(input - target)
         return sq if self.reduction == "none" else getattr(sq, self.reduction)()
 
 

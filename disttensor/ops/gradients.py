@@ -225,6 +225,13 @@ def _power(ctx, g):
     x, y = ctx.args[:2]
 
     def gx():
+        if type(y) in (int, float) and y != 0:  # x ** 2, x ** 0.5: a Python exponent
+            # y - 1 in Python, so it stays a weak scalar: float32 x keeps float32 (numpy 2
+            # makes power(float32, <0-d int64 array>) float64, NEP 50)
+            if y == 1:
+                return g
+            d = mul(x, y) if y == 2 else mul(EW["power"](x, y - 1), y)
+            return mul(g, d)
         d = mul(y, EW["power"](x, sub(y, 1)))
         return where(EW["equal"](y, 0), 0, mul(g, d))  # x**0: no gradient (not 0 * inf)
 
@@ -354,9 +361,15 @@ def _linear(ctx, g):
     """x @ w + b: matmul's gradients, and g summed over every axis but the last for b."""
     x, w, b = ctx.args
     needs = ctx.needs
-    if len(_shape(x)) == 2:  # the common case, spelled out: g w^T and x^T g
+    n = len(_shape(x))
+    if n == 2:  # the common case, spelled out: g w^T and x^T g
         gx = _MATMUL(g, w, trans_x=False, trans_y=True) if needs[0] else None
         gw = _MATMUL(x, g, trans_x=True, trans_y=False) if needs[1] else None
+    elif n > 2 and _shape(g)[:-1] == _shape(x)[:-1]:  # (batch, ..., in) rows
+        gx = _MATMUL(g, w, trans_x=False, trans_y=True) if needs[0] else None
+        # x^T g over every row at once: one GEMM, not one per batch and then a sum
+        lead = "abcdefghijklmnopqrstuvwx"[: n - 1]
+        gw = la.einsum(f"{lead}y,{lead}z->yz", x, g) if needs[1] else None
     else:  # a 1-D input, or batch axes to sum over
         gx, gw = _matmul_grads(x, w, g, needs[0], needs[1], False, False)
     return gx, gw, _sum_to(g, _shape(b)) if needs[2] else None

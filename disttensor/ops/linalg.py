@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..dispatch import Op, with_xp
@@ -39,9 +41,25 @@ def _linear(x, w, b, xp=np):
 _MATMUL = Op("matmul", _matmul, rule="matmul", device=with_xp(_matmul))
 _LINEAR = Op("linear", _linear, rule="linear", device=with_xp(_linear))
 _DOT = Op("dot", np.dot, rule="dot", device="dot")
+@functools.lru_cache(maxsize=1024)
+def _einsum_path(equation: str, shapes: tuple[tuple[int, ...], ...]) -> list:
+    """numpy's contraction order for ``equation`` on operands of ``shapes`` (found once)."""
+    stand_ins = [np.broadcast_to(np.empty((), np.float32), s) for s in shapes]
+    return np.einsum_path(equation, *stand_ins, optimize="greedy")[0]
+
+
+def _einsum(*ops, equation):
+    """``np.einsum`` along a contraction path, so pairs of operands contract with BLAS
+    (tensordot) instead of einsum's own loops: a linear's weight gradient over (batch, time)
+    rows takes a tenth of the time. The path is worked out once per equation and shapes."""
+    if len(ops) < 2:
+        return np.einsum(equation, *ops)
+    return np.einsum(equation, *ops, optimize=_einsum_path(equation, tuple(o.shape for o in ops)))
+
+
 _EINSUM = Op(
     "einsum",
-    lambda *ops, equation: np.einsum(equation, *ops),
+    _einsum,
     rule="einsum",
     device=lambda be: lambda *ops, equation: be.xp.einsum(equation, *ops),
 )
