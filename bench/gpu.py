@@ -37,6 +37,15 @@ that starts and ends with a stream synchronization, so queued kernels are paid f
     communicator given device arrays: device-to-host copy, MPI, host-to-device copy), each
     call followed by a stream synchronization. Reported: time, algorithm bandwidth
     (bytes / time) and bus bandwidth (x 2 (n - 1) / n, NCCL's convention), NCCL's speed-up.
+(e) Training workloads against PyTorch eager on the same GPU (rank 0 alone; skipped where
+    torch has no CUDA): ``dt.nn.TransformerBlock(1024, 16)`` on (8, 512, 1024), forward,
+    backward and AdamW (and forward alone), and an MLP of 16 x (Linear(256, 256) + GELU), batch
+    64, Adam, each step on the host clock between stream synchronizations; GELU (tanh) on
+    4096 x 4096 and softmax on (8, 16, 512, 512) forward, on CUDA events. The PyTorch side is
+    the same model written with torch.nn (attention written out, no fused SDPA), float32 with
+    TF32 off on both sides. Memory: the CuPy pool's bytes after three steps against PyTorch's
+    peak reserved memory. Goals (dt / PyTorch): the block step 1.1 and no more memory, the
+    MLP 1.5, GELU and softmax 1.2.
 """
 
 from __future__ import annotations
@@ -56,7 +65,7 @@ import numpy as np  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-SECTIONS = "abcd"
+SECTIONS = "abcde"
 MiB = 1 << 20
 DISPATCH_GOAL_US = 15.0
 FLOOR_GOAL = 1.5
@@ -77,14 +86,14 @@ ALLREDUCE_MIB = ((1, 4, 16, 64, 256), (1, 4))
 
 # -- what can be checked without a GPU ----------------------------------------------------------
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The command line; ``--only`` is a comma-separated subset of a, b, c, d.
+    """The command line; ``--only`` is a comma-separated subset of a, b, c, d, e.
 
     >>> parse_args(["--quick", "--only", "b,d"]).only
     'bd'
     """
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="small sizes, few rounds (a smoke run)")
-    p.add_argument("--only", default="a,b,c,d", help="sections to run, e.g. b,d (default all)")
+    p.add_argument("--only", default="a,b,c,d,e", help="sections to run, e.g. b,d (default all)")
     p.add_argument("--rounds", type=int, default=None, help="rounds per table (default 8)")
     p.add_argument("--number", type=int, default=200, help="(a): calls per timed loop")
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
@@ -92,7 +101,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     chosen = [s.strip().lower() for s in args.only.split(",") if s.strip()]
     bad = [s for s in chosen if s not in SECTIONS]
     if bad or not chosen:
-        p.error(f"--only takes sections from a, b, c, d; got {args.only!r}")
+        p.error(f"--only takes sections from a, b, c, d, e; got {args.only!r}")
     args.only = "".join(s for s in SECTIONS if s in chosen)
     if args.rounds is None:
         args.rounds = 2 if args.quick else 8
@@ -554,6 +563,172 @@ def section_allreduce(cp, args) -> str:
     return f"(d) all-reduce (sum, float32) over {n} rank(s){note}\n" + _table(head, rows)
 
 
+# -- (e) training workloads against PyTorch ------------------------------------------------------
+# (full run, --quick): block (batch, time, dim, heads), MLP (layers, width, batch), GELU
+# (rows, cols), softmax shape
+TRAIN_SIZES = {
+    "block": ((8, 512, 1024, 16), (2, 64, 128, 4)),
+    "mlp": ((16, 256, 64), (4, 64, 8)),
+    "gelu": ((4096, 4096), (256, 256)),
+    "softmax": ((8, 16, 512, 512), (2, 2, 64, 64)),
+}
+TRAIN_GOALS = {"block step": 1.1, "block forward": None, "MLP step": 1.5, "GELU": 1.2,
+               "softmax": 1.2}  # fmt: skip
+
+
+def _torch_block(torch, dim: int, heads: int):
+    """The same block as dt.nn.TransformerBlock, in torch.nn (pre-norm, causal attention
+    written out, GELU tanh, a 4x MLP)."""
+    nn = torch.nn
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+            self.q, self.k, self.v, self.proj = (nn.Linear(dim, dim) for _ in range(4))
+            self.fc1, self.fc2 = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+
+        def forward(self, x):
+            b, n, _ = x.shape
+            h = self.ln1(x)
+            q, k, v = (f(h).view(b, n, heads, dim // heads).transpose(1, 2)
+                       for f in (self.q, self.k, self.v))  # fmt: skip
+            s = (q @ k.transpose(-1, -2)) * (1 / (dim // heads) ** 0.5)
+            mask = torch.ones(n, n, dtype=torch.bool, device=x.device).tril()
+            att = torch.softmax(s.masked_fill(~mask, float("-inf")), dim=-1)
+            x = x + self.proj((att @ v).transpose(1, 2).reshape(b, n, dim))
+            return x + self.fc2(nn.functional.gelu(self.fc1(self.ln2(x)), approximate="tanh"))
+
+    return Block()
+
+
+def section_train(cp, args) -> str:
+    try:
+        import torch
+    except Exception as e:
+        return f"(e) skipped: PyTorch is not importable ({type(e).__name__}: {e})"
+    if not torch.cuda.is_available():
+        return "(e) skipped: PyTorch sees no CUDA device"
+    import disttensor as dt
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    pick = 1 if args.quick else 0
+    mesh = dt.ProcessMesh([dt.get_rank()])
+    f32 = np.float32
+    rng = np.random.default_rng(0)
+    dev = torch.device("cuda", cp.cuda.Device().id)
+    stream = cp.cuda.get_current_stream()
+    pool = cp.get_default_memory_pool()
+    rows, mem = [], []
+
+    def both(name: str, dt_fn, torch_fn, host: bool) -> None:
+        def t_fn():
+            torch_fn()
+            torch.cuda.current_stream().synchronize() if host else None
+
+        fns = {"dt": dt_fn, "torch": torch_fn}
+        if host:
+            number = 2 if args.quick else 5
+            t = host_times(cp, {"dt": dt_fn, "torch": t_fn}, number, args.rounds)
+        else:
+            t = device_times(cp, fns, 3 if args.quick else 20, args.rounds)
+        torch.cuda.synchronize()
+        goal = TRAIN_GOALS[name]
+        ratio = t["dt"] / t["torch"]
+        ok = "" if goal is None else ("ok" if ratio <= goal else f"> {goal:g}")
+        rows.append([name, f"{t['dt'] * 1e3:.3f}", f"{t['torch'] * 1e3:.3f}", f"{ratio:.2f}", ok])
+
+    # the block: forward + backward + AdamW, and forward alone
+    b, n, d, h = TRAIN_SIZES["block"][pick]
+    dt.manual_seed(0)
+    block = dt.nn.TransformerBlock(d, h, dtype=f32, mesh=mesh)
+    opt = dt.optim.AdamW(block.parameters(), lr=1e-4)
+    x_host = rng.standard_normal((b, n, d)).astype(f32)
+    x = dt.shard_tensor(x_host, mesh, [dt.Replicate()])
+    tblock = _torch_block(torch, d, h).to(dev)
+    topt = torch.optim.AdamW(tblock.parameters(), lr=1e-4)
+    tx = torch.from_numpy(x_host).to(dev)
+
+    def dt_step():
+        loss = (block(x) ** 2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+    def torch_step():
+        loss = (tblock(tx) ** 2).mean()
+        loss.backward()
+        topt.step()
+        topt.zero_grad()
+
+    def dt_forward():
+        with dt.no_grad():
+            block(x)
+
+    def torch_forward():
+        with torch.no_grad():
+            tblock(tx)
+
+    pool.free_all_blocks()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    for _ in range(3):
+        dt_step()
+        torch_step()
+    stream.synchronize()
+    torch.cuda.synchronize()
+    mem = [pool.total_bytes() / MiB, torch.cuda.max_memory_reserved() / MiB]
+    both("block step", dt_step, torch_step, host=True)
+    both("block forward", dt_forward, torch_forward, host=True)
+
+    # the MLP: layers x (Linear + GELU), Adam
+    layers, width, batch = TRAIN_SIZES["mlp"][pick]
+    dt.manual_seed(1)
+    mods = [m for _ in range(layers) for m in (dt.nn.Linear(width, width, dtype=f32, mesh=mesh),
+                                                dt.nn.GELU())]  # fmt: skip
+    mlp = dt.nn.Sequential(*mods)
+    mopt = dt.optim.Adam(mlp.parameters(), lr=1e-4)
+    xm_host = rng.standard_normal((batch, width)).astype(f32)
+    xm = dt.shard_tensor(xm_host, mesh, [dt.Replicate()])
+    pairs = [(torch.nn.Linear(width, width), torch.nn.GELU(approximate="tanh")) for _ in mods[::2]]
+    tmlp = torch.nn.Sequential(*(m for pair in pairs for m in pair)).to(dev)
+    tmopt = torch.optim.Adam(tmlp.parameters(), lr=1e-4)
+    txm = torch.from_numpy(xm_host).to(dev)
+
+    def dt_mlp():
+        loss = (mlp(xm) ** 2).mean()
+        loss.backward()
+        mopt.step()
+        mopt.zero_grad()
+
+    def torch_mlp():
+        loss = (tmlp(txm) ** 2).mean()
+        loss.backward()
+        tmopt.step()
+        tmopt.zero_grad()
+
+    both("MLP step", dt_mlp, torch_mlp, host=True)
+
+    # the kernels alone
+    g_host = rng.standard_normal(TRAIN_SIZES["gelu"][pick]).astype(f32)
+    gx, tg = dt.shard_tensor(g_host, mesh, [dt.Replicate()]), torch.from_numpy(g_host).to(dev)
+    both("GELU", lambda: dt.gelu(gx), lambda: torch.nn.functional.gelu(tg, approximate="tanh"),
+         host=False)  # fmt: skip
+    s_host = rng.standard_normal(TRAIN_SIZES["softmax"][pick]).astype(f32)
+    sx, ts = dt.shard_tensor(s_host, mesh, [dt.Replicate()]), torch.from_numpy(s_host).to(dev)
+    both("softmax", lambda: dt.softmax(sx, axis=-1), lambda: torch.softmax(ts, dim=-1),
+         host=False)  # fmt: skip
+    head = ["workload", "dt ms", "PyTorch ms", "dt / PyTorch", "goal"]
+    return (
+        f"(e) training workloads against PyTorch {torch.__version__} on the same GPU, float32, "
+        f"TF32 off; block {b}x{n}x{d} ({h} heads), MLP {layers} x {width}, batch {batch}\n"
+        + _table(head, rows)
+        + f"\nmemory for the block step: dt (CuPy pool) {mem[0]:.0f} MiB, PyTorch (peak "
+        f"reserved) {mem[1]:.0f} MiB, ratio {mem[0] / mem[1]:.2f}"
+    )
+
+
 def _table(head: list[str], rows: list[list[str]]) -> str:
     from _timing import format_table
 
@@ -585,6 +760,7 @@ def main(argv: list[str] | None = None) -> int:
         "b": section_kernels,
         "c": section_demo,
         "d": section_allreduce,
+        "e": section_train,
     }
     for s in args.only:
         backend.set_device("gpu")  # (c) selects the CPU for its host run

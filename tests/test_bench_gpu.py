@@ -21,10 +21,10 @@ spec.loader.exec_module(gpu)
 
 def test_command_line():
     args = gpu.parse_args([])
-    assert (args.only, args.quick, args.rounds, args.dtype) == ("abcd", False, 8, "float32")
+    assert (args.only, args.quick, args.rounds, args.dtype) == ("abcde", False, 8, "float32")
     args = gpu.parse_args(["--quick", "--only", "d, B"])
     assert (args.only, args.rounds) == ("bd", 2)
-    for bad in (["--only", "e"], ["--only", ","], ["--rounds", "0"], ["--dtype", "int8"]):
+    for bad in (["--only", "f"], ["--only", ","], ["--rounds", "0"], ["--dtype", "int8"]):
         with pytest.raises(SystemExit):
             gpu.parse_args(bad)
 
