@@ -105,9 +105,12 @@ def _np_from_host(a: np.ndarray, dtype: Any = None) -> np.ndarray:
 
 
 def _references(name: str) -> dict[str, Callable[..., Any]]:
+    """The host functions of kernel ``name``: the compiled ones where there are (Note [Host
+    kernels] in kernels/_host.py), the numpy references for the rest."""
     from kernels import KERNELS  # the top-level package next to disttensor
 
-    return dict(KERNELS[name].references)
+    k = KERNELS[name]
+    return {**k.references, **k.load_host()}
 
 
 NUMPY = Backend(

@@ -26,12 +26,15 @@ from ._cuda import read_source
 
 @dataclass(frozen=True)
 class Kernel:
-    """One kernel: its CUDA ``source`` file, numpy ``references`` by name and its ``load``."""
+    """One kernel: its CUDA ``source`` file, numpy ``references`` by name, its ``load`` and
+    ``load_host``: the compiled host versions of some references (Note [Host kernels] in
+    kernels/_host.py), or nothing where there are none or they cannot be built."""
 
     name: str
     source: str
     references: Mapping[str, Callable[..., Any]]
     load: Callable[[Any], dict[str, Callable[..., Any]]]
+    load_host: Callable[[], dict[str, Callable[..., Any]]] = dict
 
     def read_source(self) -> str:
         """The program as NVRTC compiles it (includes pasted in).
@@ -45,7 +48,7 @@ class Kernel:
 KERNELS: dict[str, Kernel] = {
     k.name: k
     for k in (
-        Kernel(name, m.SOURCE, m.REFERENCES, m.load)
+        Kernel(name, m.SOURCE, m.REFERENCES, m.load, getattr(m, "load_host", dict))
         for name, m in (
             ("adam", adam),
             ("softmax_xent", softmax_xent),

@@ -13,15 +13,17 @@ deviations, ``eps`` added before the square root; it also returns the per-row ``
 
 from __future__ import annotations
 
+import ctypes
 import functools
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from . import _cuda
+from . import _cuda, _host
 
 SOURCE = "layer_norm.cu"
+HOST_SOURCE = "layer_norm.c"
 ROWS_Y = 8  # the row threads of a column tile (ROWS_Y in layer_norm.cu)
 CHUNK_ROWS = 64  # rows per chunk of the weight/bias gradient's first stage, at the least
 
@@ -188,6 +190,71 @@ REFERENCES: dict[str, Callable[..., Any]] = {
     "layer_norm_forward": layer_norm_forward,
     "layer_norm_backward": layer_norm_backward,
 }
+
+
+def load_host() -> dict[str, Callable[..., Any]]:
+    """Compiled versions of ``REFERENCES`` on the host (layer_norm.c; Note [Host kernels] in
+    kernels/_host.py) where the host kernels are built, else nothing (the references run).
+    They take float32 and float64 inputs of one dtype; anything else goes to the reference.
+    """
+    lib = _host.library()
+    if lib is None:
+        return {}
+    P, N, F = ctypes.c_void_p, ctypes.c_longlong, ctypes.c_double
+    entries = {}
+    for dtype, sfx in ((np.float32, "f32"), (np.float64, "f64")):
+        f, b = getattr(lib, f"ln_forward_{sfx}"), getattr(lib, f"ln_backward_{sfx}")
+        f.argtypes, f.restype = [P, P, P, N, N, F, P, P, P], None
+        b.argtypes, b.restype = [P, P, P, P, P, N, N, P, P, P], None
+        entries[np.dtype(dtype)] = (f, b)
+    ptr = _host.pointer
+
+    def same(dtype: Any, *arrays: Any) -> bool:
+        return all(a is None or a.dtype == dtype for a in arrays)
+
+    def contiguous(a: Any) -> Any:
+        return None if a is None else np.ascontiguousarray(a)
+
+    @functools.wraps(layer_norm_forward)
+    def forward(x, weight=None, bias=None, eps=1e-5):
+        x = np.asarray(x)
+        weight = None if weight is None else np.asarray(weight)
+        bias = None if bias is None else np.asarray(bias)
+        _check(x, weight, bias, "layer_norm_forward")
+        fns = entries.get(x.dtype)
+        if fns is None or not same(x.dtype, weight, bias) or x.shape[-1] == 0:
+            return layer_norm_forward(x, weight, bias, eps)
+        x, weight, bias = contiguous(x), contiguous(weight), contiguous(bias)
+        y = np.empty_like(x)
+        mean, rstd = np.empty(x.shape[:-1], x.dtype), np.empty(x.shape[:-1], x.dtype)
+        rows, cols = mean.size, x.shape[-1]
+        fns[0](ptr(x), ptr(weight), ptr(bias), rows, cols, float(eps), ptr(y), ptr(mean),
+               ptr(rstd))  # fmt: skip
+        return y, mean, rstd
+
+    @functools.wraps(layer_norm_backward)
+    def backward(dy, x, mean, rstd, weight=None):
+        dy, x, mean, rstd = (np.asarray(a) for a in (dy, x, mean, rstd))
+        weight = None if weight is None else np.asarray(weight)
+        _check(x, weight, None, "layer_norm_backward")
+        fns = entries.get(x.dtype)
+        if (
+            fns is None
+            or not same(x.dtype, dy, mean, rstd, weight)
+            or dy.shape != x.shape
+            or mean.shape != x.shape[:-1] != rstd.shape
+        ):
+            return layer_norm_backward(dy, x, mean, rstd, weight)
+        dy, x, mean, rstd, weight = (contiguous(a) for a in (dy, x, mean, rstd, weight))
+        dx = np.empty_like(x)
+        dweight, dbias = np.zeros(x.shape[-1:], x.dtype), np.zeros(x.shape[-1:], x.dtype)
+        rows, cols = mean.size, x.shape[-1]
+        if dx.size:
+            fns[1](ptr(dy), ptr(x), ptr(mean), ptr(rstd), ptr(weight), rows, cols, ptr(dx),
+                   ptr(dweight), ptr(dbias))  # fmt: skip
+        return dx, dweight, dbias
+
+    return {"layer_norm_forward": forward, "layer_norm_backward": backward}
 
 
 def load(cupy: Any) -> dict[str, Callable[..., Any]]:
