@@ -149,6 +149,78 @@ def _region_writes(checks: Checks, mesh: dt.ProcessMesh, g: np.ndarray, pl: list
             )
 
 
+def _shard_starts(n: int, mesh: dt.ProcessMesh, pl: list, axis: int) -> list[int]:
+    """Where the shards of ``axis`` (length ``n``) start, worked out here with numpy.array_split
+    (nested splits in mesh-dim order), not with the library's boxes; 0 and ``n`` included."""
+    pieces = [np.arange(n)]
+    for m, p in enumerate(pl):
+        if p.is_shard() and p.dim == axis:
+            pieces = [q for piece in pieces for q in np.array_split(piece, mesh.shape[m])]
+    return sorted({0, n, *(int(q[0]) for q in pieces if q.size)})
+
+
+def _reversed_slices(n: int, starts: list[int]) -> list[tuple[str, slice]]:
+    """Negative-step slices of an axis of length ``n`` that start or stop at 0, at -1 and at
+    each shard start b: a write stopping at b ends one element above b (the shard at b holds
+    part of it up to, not including, its first element: the local slice stops at 0 and must
+    not be open-ended), one starting at b begins with the shard's first element."""
+    out = [
+        ("-1::-1", slice(-1, None, -1)),
+        ("-1:0:-1", slice(-1, 0, -1)),  # stops at 0: x[0] is not written
+        ("0::-1", slice(0, None, -1)),
+        (":-1:-1", slice(None, -1, -1)),  # nothing (stop n - 1)
+        ("-1::-2", slice(-1, None, -2)),
+    ]
+    for b in starts:
+        out += [
+            (f":{b}:-1", slice(None, b, -1)),
+            (f"{b}::-1", slice(b, None, -1)),
+            (f"{b + 2}:{b}:-2", slice(b + 2, b, -2)),  # stops at b with a step of 2
+            (f"-1:{b - 1 if b else ''}:-3", slice(-1, b - 1 if b else None, -3)),
+        ]
+    seen, unique = set(), []
+    for label, k in out:  # each range once: a write sees only the range, not how it is spelled
+        r = tuple(range(n)[k])
+        if r not in seen:
+            seen.add(r)
+            unique.append((label, k))
+    return unique
+
+
+def _negative_steps(checks: Checks, mesh: dt.ProcessMesh, g: np.ndarray, pl: list) -> None:
+    """Negative-step slices on both axes at once (the rows' and the columns' keys paired),
+    written with a scalar (each rank's local slice only) and with a DistTensor laid out as
+    the target (the value's pieces fetched by the region each rank holds: what the gradient of
+    a slice of a split axis does, Note [Slices of split axes] in ops/shape.py)."""
+    rows = _reversed_slices(g.shape[0], _shard_starts(g.shape[0], mesh, pl, 0))
+    cols = _reversed_slices(g.shape[1], _shard_starts(g.shape[1], mesh, pl, 1))
+    rng = np.random.default_rng(10)
+    for i in range(max(len(rows), len(cols))):
+        (rl, rk), (cl, ck) = rows[i % len(rows)], cols[i % len(cols)]
+        key = (rk, ck)
+        region = g[key].shape
+        label = f"x[{rl}, {cl}] {g.shape}"
+        _write(
+            checks,
+            mesh,
+            g,
+            pl,
+            f"{label} = scalar",
+            lambda x, k=key: x.__setitem__(k, -1.0),
+            lambda a, k=key: a.__setitem__(k, -1.0),
+        )
+        value = rng.normal(size=region)
+        _write(
+            checks,
+            mesh,
+            g,
+            pl,
+            f"{label} = DistTensor {pl}",
+            lambda x, k=key, v=value: x.__setitem__(k, make_input(v, mesh, pl)),
+            lambda a, k=key, v=value: a.__setitem__(k, v),
+        )
+
+
 def _advanced_writes(checks: Checks, mesh: dt.ProcessMesh, g: np.ndarray, pl: list) -> None:
     n, m = g.shape
     rows = np.array([0, n - 1, n // 2, 0])  # a repeated row: the last write wins, as in numpy
@@ -529,7 +601,11 @@ def case_mutation(world: int, light: bool = False, exact_size: bool = False) -> 
         pls = placements(mesh, 2, F64)
         if light:
             pls = pls[:3]
+        kinds = ("uneven",) if light else ("even", "uneven", "empty")
+        steps = [rng.normal(size=shapes[k]) for k in kinds]
         for pl in pls:
+            for h in steps:  # even, uneven and empty shards (light: uneven)
+                _negative_steps(checks, mesh, h, pl)
             _region_writes(checks, mesh, g, pl)
             _advanced_writes(checks, mesh, g, pl)
             _inplace(checks, mesh, g, pl)

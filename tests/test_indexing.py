@@ -13,15 +13,31 @@ import disttensor as dt
 R = dt.Replicate()
 N, D = 11, 6  # uneven over every mesh
 G = np.random.default_rng(4).normal(size=(N, D))
-KEYS = {
-    "rows": lambda: np.array([3, 0, 10, 3, -1]),  # repeated and negative
-    "rows 2-D": lambda: np.array([[1, 2], [9, 9], [0, 5]]),
-    "list": lambda: [1, 7],
-    "pick": lambda: (np.arange(N), np.arange(N) % D),
-    "mask": lambda: G[:, 0] > 0,
-    "mask 2-D": lambda: G > 0,
-    "none": lambda: np.array([], dtype=np.int64),
-    "rows, all columns": lambda: (np.array([2, 8]), slice(None)),
+KEYS = {  # of x's global value g (several sizes: SIZES)
+    "rows": lambda g: np.array([3 % len(g), 0, -1, 3 % len(g), -len(g)]),  # repeated, < 0
+    "rows 2-D": lambda g: np.array([[1, 2], [-2, -2], [0, 5]]) % len(g),
+    "list": lambda g: [1 % len(g), len(g) - 1],
+    "pick": lambda g: (np.arange(len(g)), np.arange(len(g)) % g.shape[1]),  # every row
+    "mask": lambda g: g[:, 0] > 0,
+    "mask 2-D": lambda g: g > 0,
+    "none": lambda g: np.array([], dtype=np.int64),
+    "rows, all columns": lambda g: (np.array([2, -3]) % len(g), slice(None)),
+}
+# Shapes (rows, columns) per mesh: the owner of an index (indexing._owner_coordinate) is
+# numpy.array_split's arithmetic, and each mesh's shapes make every step of it matter: one
+# long part before several short ones (the short parts' divisor), several long parts (the
+# long parts' divisor), even splits, fewer items than parts (empty shards). Nested splits on
+# (2, 2) ([Shard(0), Shard(0)], [Shard(1), Shard(1)]): the inner split takes each outer
+# part's start and length, and whether a length one off moves an owner depends on its
+# parity, so the sizes take both: 13 -> 7, 6 -> 4, 3, 3, 3 (a remainder on every level),
+# 8 -> 4, 4 -> 2, 2, 2, 2 (none), 9 -> 5, 4 -> 3, 2, 2, 2, 6 -> 3, 3 -> 2, 1, 2, 1 and
+# 3 -> 2, 1 -> 1, 1, 1, 0. One size for all (11 rows) let an off-by-one owner pass on (2, 2).
+SIZES = {
+    (1,): [(N, D), (2, 3)],
+    (2,): [(N, D), (4, 5), (1, 3)],
+    (3,): [(N, D), (7, 5), (9, 3), (2, 4)],
+    (4,): [(N, D), (6, 7), (10, 5), (3, 2)],
+    (2, 2): [(13, 9), (8, 5), (9, 6), (6, 13), (3, 8), (N, D)],
 }
 
 
@@ -31,37 +47,45 @@ def _layouts(mesh):
     out = [[dt.Shard(0), *rest], [dt.Shard(1), *rest], [R] * n, [PSUM, *rest]]
     if n == 2:
         out += [[dt.Shard(0), dt.Shard(1)], [dt.Shard(0), dt.Shard(0)], [dt.Shard(1), PSUM]]
+        out += [[dt.Shard(1), dt.Shard(1)]]
     return out
 
 
 @pytest.mark.parametrize("mesh_shape", MESH_SHAPES, ids=str)
 def test_values_layouts_and_gradients(mesh_shape):
+    grids = [np.random.default_rng(n).normal(size=(n, d)) for n, d in SIZES[mesh_shape]]
+
     def body():
         mesh = mesh_of(mesh_shape)
         out = []
-        for pl in _layouts(mesh):
-            for label, make in KEYS.items():
-                x = make_input(G, mesh, pl)
-                x.requires_grad = True
-                with dt.CommCounter() as cc:
-                    y = x[make()]
-                cot = np.arange(1.0, y.size + 1).reshape(y.shape)
-                (y * cot).sum().backward()
-                out.append((label, str(pl), y.numpy(), y.placements, cc.fallbacks, x.grad.numpy()))
+        for g in grids:
+            for pl in _layouts(mesh):
+                for label, make in KEYS.items():
+                    x = make_input(g, mesh, pl)
+                    x.requires_grad = True
+                    with dt.CommCounter() as cc:
+                        y = x[make(g)]
+                    cot = np.arange(1.0, y.size + 1).reshape(y.shape)
+                    (y * cot).sum().backward()
+                    out.append(
+                        (label, str(pl), y.numpy(), y.placements, cc.fallbacks, x.grad.numpy())
+                    )
         return out
 
-    for label, pl, got, placements, fallbacks, grad in every_rank(
-        dt.simulate(mesh_of(mesh_shape).size, body)
-    ):
-        key = KEYS[label]()
-        want = G[key]
-        assert_close(got, want, f"{label} {pl}")
-        assert fallbacks == {}, (label, pl, fallbacks)
+    results = every_rank(dt.simulate(mesh_of(mesh_shape).size, body))
+    per_grid = len(results) // len(grids)
+    for i, (label, pl, got, placements, fallbacks, grad) in enumerate(results):
+        g = grids[i // per_grid]
+        key = KEYS[label](g)
+        want = g[key]
+        what = f"{label} {pl} {g.shape}"
+        assert_close(got, want, what)
+        assert fallbacks == {}, (what, fallbacks)
         assert len(placements) == len(mesh_shape)
         cot = np.arange(1.0, want.size + 1).reshape(want.shape)
-        want_grad = np.zeros_like(G)
+        want_grad = np.zeros_like(g)
         np.add.at(want_grad, key, cot)  # repeated indices accumulate
-        assert_close(grad, want_grad, f"gradient of {label} {pl}")
+        assert_close(grad, want_grad, f"gradient of {what}")
 
 
 @pytest.mark.parametrize("k", [2, 3, 4])

@@ -1,6 +1,7 @@
 """Scans and statistics on simulated ranks against numpy (disttensor/ops/scan.py,
-disttensor/ops/statistics.py, disttensor/ops/order_stats.py): cumsum/cumprod, np.linalg.norm,
-isclose/allclose/array_equal/array_equiv, cov/corrcoef, count_nonzero, histogram.
+disttensor/ops/statistics.py, disttensor/ops/order_stats.py): cumsum/cumprod (and the reverse
+cumsum of cumsum's gradient), np.linalg.norm, isclose/allclose/array_equal/array_equiv,
+cov/corrcoef, count_nonzero, histogram.
 
 For meshes (1), (2), (3), (4), (2, 2): the placement grid of the op tests (Shard of each axis,
 Replicate, asymmetric Partials, nested shards on (2, 2)), even, uneven, empty and zero-size
@@ -37,6 +38,7 @@ from op_cases import (
 
 import disttensor as dt
 from disttensor.ops import order_stats
+from disttensor.ops import scan as scan_ops
 from disttensor.spmd.validate import data
 
 MESH_IDS = [str(s) for s in MESH_SHAPES]
@@ -74,7 +76,17 @@ def _scans(grid: Grid, mesh, kind: str, shape, rng) -> None:
             lambda a: np.cumulative_prod(a, axis=0),
             f"cumulative_prod {kind} {pl}",
         )
+    # the scan from the end: only cumsum's gradient runs it otherwise (a wrong end of the
+    # shards' totals, or of the pieces added, showed only as a wrong gradient)
+    for pl in placements(mesh, 2, F64):
+        for axis in (0, 1, None):
+            what = f"reverse cumsum {kind} axis={axis} {pl}"
+            grid.check(mesh, _reverse, (g,), [pl], _reverse_np, what, axis=axis)
+        what = f"reverse cumsum dtype=float32 {kind} {pl}"
+        grid.check(mesh, _reverse, (g,), [pl], _reverse_np, what, axis=0, dtype=np.float32)
     for pl in placements(mesh, 2, I64):
+        what = f"int reverse cumsum {kind} {pl}"
+        grid.check(mesh, _reverse, (ints,), [pl], _reverse_np, what, axis=0)
         grid.check(mesh, dt.cumsum, (ints,), [pl], np.cumsum, f"int cumsum {kind} {pl}", axis=0)
         grid.check(mesh, dt.cumprod, (ints,), [pl], np.cumprod, f"int cumprod {kind} {pl}", axis=1)
         i32 = ints.astype(np.int32)  # widens to int64, as numpy: Partials reduced first
@@ -87,6 +99,20 @@ def _scans(grid: Grid, mesh, kind: str, shape, rng) -> None:
             for axis in (1, 2):
                 what = f"3-D cumsum axis={axis} {pl}"
                 grid.check(mesh, np.cumsum, (t,), [pl], np.cumsum, what, axis=axis)
+            what = f"3-D reverse cumsum axis=1 {pl}"
+            grid.check(mesh, _reverse, (t,), [pl], _reverse_np, what, axis=1)
+
+
+def _reverse(a, axis, dtype=None):
+    """The scan from the end (``reverse=True``: internal, the gradient of cumsum)."""
+    return scan_ops.scan("sum", a, axis, dtype, reverse=True)
+
+
+def _reverse_np(a, axis, dtype=None):
+    """numpy has no reverse scan: flip, scan, flip back."""
+    if axis is None:
+        a, axis = a.ravel(), 0
+    return np.flip(np.cumsum(np.flip(a, axis), axis, dtype=dtype), axis)
 
 
 NORMS = [  # (ord, axis, keepdims)
@@ -289,6 +315,7 @@ def _communication(mesh):
     y, out["cumsum split"] = _counted(lambda: np.cumsum(x, axis=0))
     out["cumsum split placements"] = y.placements
     _, out["cumprod split"] = _counted(lambda: np.cumprod(x, axis=0))
+    _, out["reverse cumsum split"] = _counted(lambda: _reverse(x, axis=0))
     y, out["cumsum local"] = _counted(lambda: x.cumsum(axis=1))
     out["cumsum local placements"] = y.placements
     y, out["norm axis=1"] = _counted(lambda: np.linalg.norm(x, axis=1))
@@ -313,11 +340,11 @@ def _communication(mesh):
 def test_communication(k):
     """What each function hands to collectives on a (k,) mesh, observations split by rows:
     cumsum along the split axis gathers only the shards' last rows (at most k * M * 8 bytes
-    per rank); along the other axis, and norm along it, nothing moves; a norm over the split
-    axis is one all-reduce of its result; cov is one all-reduce of the D means and one of the
-    D x D result, corrcoef the same; allclose, array_equal and count_nonzero one all-reduce of
-    one element; histogram one of (max, -min), then one of the counts when they are read.
-    None takes the fallback."""
+    per rank), a reverse one (cumsum's gradient) their first rows; along the other axis, and
+    norm along it, nothing moves; a norm over the split axis is one all-reduce of its result;
+    cov is one all-reduce of the D means and one of the D x D result, corrcoef the same;
+    allclose, array_equal and count_nonzero one all-reduce of one element; histogram one of
+    (max, -min), then one of the counts when they are read. None takes the fallback."""
     got = every_rank(simulate_on((k,), _communication))
     assert got.pop("cumsum split placements") == got.pop("cumsum local placements") == [S0]
     assert got.pop("norm axis=1 placements") == [S0]
@@ -326,6 +353,7 @@ def test_communication(k):
     want = {
         "cumsum split": ({"all_gather": 1}, {"all_gather": M * 8}),
         "cumprod split": ({"all_gather": 1}, {"all_gather": M * 8}),
+        "reverse cumsum split": ({"all_gather": 1}, {"all_gather": M * 8}),
         "cumsum local": ({}, {}),
         "norm axis=1": ({}, {}),
         "norm axis=0": ({"all_reduce": 1}, {"all_reduce": M * 8}),
@@ -527,6 +555,7 @@ def test_result_types_are_numpys():
 def test_plain_numpy_arguments_are_numpys():
     a = np.arange(6.0).reshape(2, 3)
     np.testing.assert_array_equal(dt.cumsum(a, axis=1), np.cumsum(a, axis=1))
+    np.testing.assert_array_equal(_reverse(a, axis=1), _reverse_np(a, axis=1))
     np.testing.assert_array_equal(dt.isclose(a, a + 1, atol=1), np.ones((2, 3), bool))
     assert dt.count_nonzero(a) == 5 and dt.allclose(a, a) is True
 
