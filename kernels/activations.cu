@@ -1,0 +1,133 @@
+// Activations and their gradients, one element per thread in one grid-stride launch; numpy
+// reference: kernels/activations.py (Note [Fused activations]). Forwards read x and write y;
+// backwards read the output's gradient g and x (gelu, silu, relu) or the forward's output y
+// (sigmoid, tanh) and write g * f'. Flat C-contiguous arrays of n elements.
+//
+// The kernels with tanh or exp agree with the references to float rounding, not bit for bit:
+// tanhf/expf are CUDA's (a couple of ulps), not numpy's, and their plain arithmetic may be
+// contracted into fused multiply-adds. tanh and sigmoid's gradients are arithmetic only: with
+// Arith's never-contracted operations they round where numpy rounds and give the references'
+// bits (1 - y * y contracted would differ from numpy's in the last bits of a small result);
+// relu's is a select, exact anyway.
+#include "common.cuh"
+
+template <typename T>
+struct Fn;
+
+template <>
+struct Fn<float> {
+    static __device__ __forceinline__ float tanh(float x) { return tanhf(x); }
+    static __device__ __forceinline__ float exp(float x) { return expf(x); }
+};
+
+template <>
+struct Fn<double> {
+    static __device__ __forceinline__ double tanh(double x) { return ::tanh(x); }
+    static __device__ __forceinline__ double exp(double x) { return ::exp(x); }
+};
+
+#define GELU_C 0.7978845608028654  // sqrt(2 / pi)
+#define GELU_A 0.044715
+
+// 1 / (1 + exp(-x)): exp(-x) is inf for very negative x and the quotient the correct 0.
+template <typename T>
+__device__ __forceinline__ T sigmoid(T x) {
+    return T(1) / (T(1) + Fn<T>::exp(-x));
+}
+
+struct GeluForward {
+    template <typename T>
+    __device__ __forceinline__ T operator()(T x) const {
+        const T u = x * (T(GELU_C) + T(GELU_A * GELU_C) * (x * x));
+        return T(0.5) * x * (T(1) + Fn<T>::tanh(u));
+    }
+};
+
+struct SiluForward {
+    template <typename T>
+    __device__ __forceinline__ T operator()(T x) const {
+        return x / (T(1) + Fn<T>::exp(-x));
+    }
+};
+
+struct SigmoidForward {
+    template <typename T>
+    __device__ __forceinline__ T operator()(T x) const {
+        return sigmoid(x);
+    }
+};
+
+// gelu'(x) = (1 + t) (0.5 + x (1 - t) q), t = tanh(c (x + a x^3)), q = 0.5 c (1 + 3 a x^2):
+// x (1 - t) is taken first, so it is 0 (not inf * 0) where t is 1.
+struct GeluBackward {
+    template <typename T>
+    __device__ __forceinline__ T operator()(T g, T x) const {
+        const T x2 = x * x;
+        const T t = Fn<T>::tanh(x * (T(GELU_C) + T(GELU_A * GELU_C) * x2));
+        const T q = T(0.5 * GELU_C) + T(1.5 * GELU_A * GELU_C) * x2;
+        return g * ((T(1) + t) * (T(0.5) + x * (T(1) - t) * q));
+    }
+};
+
+struct SiluBackward {
+    template <typename T>
+    __device__ __forceinline__ T operator()(T g, T x) const {
+        const T s = sigmoid(x);
+        return g * (s * (T(1) + x * (T(1) - s)));
+    }
+};
+
+struct SigmoidBackward {  // g * (y * (1 - y)) from y = sigmoid(x)
+    template <typename T>
+    __device__ __forceinline__ T operator()(T g, T y) const {
+        typedef Arith<T> A;
+        return A::mul(g, A::mul(y, A::sub(T(1), y)));
+    }
+};
+
+struct TanhBackward {  // g * (1 - y * y) from y = tanh(x)
+    template <typename T>
+    __device__ __forceinline__ T operator()(T g, T y) const {
+        typedef Arith<T> A;
+        return A::mul(g, A::sub(T(1), A::mul(y, y)));
+    }
+};
+
+// A select, as np.where(x > 0, g, 0): a NaN or infinite g of an inactive unit gives 0.
+struct ReluBackward {
+    template <typename T>
+    __device__ __forceinline__ T operator()(T g, T x) const {
+        return x > T(0) ? g : T(0);
+    }
+};
+
+template <typename T, typename Op>
+__device__ __forceinline__ void map1(const T* x, long long n, T* y, Op op) {
+    GRID_STRIDE(i, n) { y[i] = op(x[i]); }
+}
+
+template <typename T, typename Op>
+__device__ __forceinline__ void map2(const T* g, const T* x, long long n, T* out, Op op) {
+    GRID_STRIDE(i, n) { out[i] = op(g[i], x[i]); }
+}
+
+#define ACT_FORWARD(NAME, OP, SUFFIX, T)                                                   \
+    extern "C" __global__ void NAME##_##SUFFIX(const T* x, long long n, T* y) {            \
+        map1<T>(x, n, y, OP());                                                            \
+    }
+#define ACT_BACKWARD(NAME, OP, SUFFIX, T)                                                  \
+    extern "C" __global__ void NAME##_##SUFFIX(const T* g, const T* x, long long n, T* out) { \
+        map2<T>(g, x, n, out, OP());                                                       \
+    }
+#define ACT_ENTRIES(SUFFIX, T)                                   \
+    ACT_FORWARD(gelu_forward, GeluForward, SUFFIX, T)            \
+    ACT_FORWARD(silu_forward, SiluForward, SUFFIX, T)            \
+    ACT_FORWARD(sigmoid_forward, SigmoidForward, SUFFIX, T)      \
+    ACT_BACKWARD(gelu_backward, GeluBackward, SUFFIX, T)         \
+    ACT_BACKWARD(silu_backward, SiluBackward, SUFFIX, T)         \
+    ACT_BACKWARD(sigmoid_backward, SigmoidBackward, SUFFIX, T)   \
+    ACT_BACKWARD(tanh_backward, TanhBackward, SUFFIX, T)         \
+    ACT_BACKWARD(relu_backward, ReluBackward, SUFFIX, T)
+
+ACT_ENTRIES(f32, float)
+ACT_ENTRIES(f64, double)
