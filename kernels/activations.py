@@ -292,13 +292,15 @@ def load(cupy: Any) -> dict[str, Callable[..., Any]]:
     module = _cuda.build(cupy, SOURCE)
 
     def launch(name: str, *inputs: Any) -> Any:
-        first = cupy.ascontiguousarray(inputs[-1])
-        out = cupy.empty_like(first)
-        n = first.size
-        if n:
-            arrays = [cupy.ascontiguousarray(a) for a in inputs[:-1]] + [first]
-            entry = module.get_function(f"{name}_{_cuda.suffix(first.dtype, name)}")
-            entry((_cuda.blocks(n),), (_cuda.THREADS,), (*arrays, np.int64(n), out))
+        """The kernel on ``inputs`` (of one shape and dtype, the last one's), flat."""
+        last = inputs[-1]
+        out = cupy.empty(last.shape, last.dtype)
+        n = last.size
+        if n:  # ascontiguousarray: the array itself where it is contiguous (0-d ones: 1-d)
+            arrays = [cupy.ascontiguousarray(a) for a in inputs]
+            entry = module.get_function(f"{name}_{_cuda.suffix(last.dtype, name)}")
+            packs = -(-n // (16 // last.dtype.itemsize))  # 16-byte accesses (activations.cu)
+            entry((_cuda.blocks(packs),), (_cuda.THREADS,), (*arrays, np.int64(n), out))
         return out
 
     def unary(name: str) -> Callable[[Any], Any]:

@@ -87,9 +87,11 @@ SHAPES = {
 
 
 def layouts(a: np.ndarray, put=lambda a: a) -> dict[str, np.ndarray]:
-    """``a`` C-contiguous, transposed, strided and reversed: views of arrays ``put`` makes (a
-    device's), the same values each."""
+    """``a`` C-contiguous, at an odd offset (contiguous, not 16-byte aligned), transposed,
+    strided and reversed: views of arrays ``put`` makes (a device's), the same values each."""
     out = {"contiguous": put(a)}
+    if a.size:
+        out["offset"] = put(np.concatenate([a.ravel()[:1], a.ravel()]))[1:].reshape(a.shape)
     if a.ndim == 2:
         out["transposed"] = put(np.ascontiguousarray(a.T)).T
         wide = np.zeros((a.shape[0], 2 * a.shape[1]), a.dtype)
