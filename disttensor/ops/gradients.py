@@ -161,6 +161,16 @@ def _sigmoid_grad(ctx, gg):  # of g * o (1 - o)
     )
 
 
+@gradient("negative", reads_values=False)
+def _negative(ctx, g):
+    return (-g,)
+
+
+@gradient("positive", "conjugate", "real", reads_values=False)
+def _identity(ctx, g):
+    return (g,)
+
+
 @gradient("relu_grad")
 def _relu_grad(ctx, gg):  # of where(x > 0, g, 0): zero almost everywhere in x
     return (GRAD_OPS["relu_grad"](gg, ctx.args[1]) if ctx.needs[0] else None, None)
@@ -188,16 +198,6 @@ def _silu_grad(ctx, gg):  # of g silu'(x); silu''(x) = s (1 - s) (2 + x (1 - 2s)
         return dg, None
     s = EW["sigmoid"](x)
     return dg, gg * g * (s * (1 - s) * (2 + x * (1 - 2 * s)))
-
-
-@gradient("negative", reads_values=False)
-def _negative(ctx, g):
-    return (-g,)
-
-
-@gradient("positive", "conjugate", "real", reads_values=False)
-def _identity(ctx, g):
-    return (g,)
 
 
 @gradient("add", reads_values=False)
