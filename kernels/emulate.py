@@ -164,4 +164,9 @@ def emulated_cupy() -> SimpleNamespace:
         broadcast_to=lambda a, shape: _wrap(np.broadcast_to(a, shape)),
         where=lambda c, a, b: _wrap(np.where(c, a, b)),
         isfinite=lambda a: _wrap(np.isfinite(a)),
+        # what the activations' composites (kernels/activations.py) call
+        abs=lambda a: _wrap(np.abs(a)),
+        exp=lambda a: _wrap(np.exp(a)),
+        tanh=lambda a: _wrap(np.tanh(a)),
+        result_type=np.result_type,
     )

@@ -825,6 +825,8 @@ def internal_cases() -> list[GradCase]:
 
     ids = np.array([[0, 5, -1], [2, 2, 1]])
     rows = rng.normal(size=(2, 3, 4))
+    signs = np.random.default_rng(19).choice([-1.0, 1.0], UNEVEN)  # rng's draws unchanged
+    relu_x = signs * np.random.default_rng(20).uniform(0.1, 2.0, UNEVEN)
 
     def scatter_add(i, r):
         out = np.zeros((6, 4))
@@ -869,7 +871,42 @@ def internal_cases() -> list[GradCase]:
             (rng.normal(size=(5, 1)),),
             ops=("broadcast_to",),
         ),
+        # the fused gradients of gelu and silu, from (g, x): differentiable in both
+        GradCase(
+            "gelu_grad",
+            lambda a, x: GRAD_OPS["gelu_grad"](a, x),
+            lambda a, x: a * np_gelu_derivative(x),
+            (rng.normal(size=UNEVEN), 2 * rng.normal(size=UNEVEN)),
+            ops=("gelu_grad",),
+        ),
+        GradCase(
+            "silu_grad",
+            lambda a, x: GRAD_OPS["silu_grad"](a, x),
+            lambda a, x: a * np_silu_derivative(x),
+            (rng.normal(size=UNEVEN), 3 * rng.normal(size=UNEVEN)),
+            ops=("silu_grad",),
+        ),
+        # relu's: in x zero almost everywhere (no gradient), so x is a constant here
+        GradCase(
+            "relu_grad",
+            lambda a: GRAD_OPS["relu_grad"](a, relu_x),
+            lambda a: np.where(relu_x > 0, a, 0.0),
+            (rng.normal(size=UNEVEN),),
+            ops=("relu_grad",),
+        ),
     ]
+
+
+def np_gelu_derivative(x):
+    """d/dx of GELU's tanh approximation, by hand."""
+    c = math.sqrt(2 / math.pi)
+    t = np.tanh(c * (x + 0.044715 * x**3))
+    return 0.5 * (1 + t) + 0.5 * x * (1 - t**2) * c * (1 + 3 * 0.044715 * x**2)
+
+
+def np_silu_derivative(x):
+    s = 1 / (1 + np.exp(-x))
+    return s + x * s * (1 - s)
 
 
 # -- nn ----------------------------------------------------------------------------------------

@@ -1,8 +1,10 @@
 """Elementwise ops: numpy semantics (broadcasting, type promotion), one table row each.
 
 On device shards each op runs the array module's function of the same name (``cupy.exp``),
-or, for the composites (sigmoid, gelu, ...), the same expression written with that module
-(Note [Array backends] in backend.py).
+or, for the composites, the same expression written with that module (Note [Array backends]
+in backend.py). The activations (sigmoid, silu, gelu) and the fused gradients run the kernels
+of kernels/activations.py: its numpy references on the host, its CUDA programs on a GPU
+(Note [Fused activations] there).
 
 >>> import numpy as np, disttensor as dt
 >>> mesh = dt.ProcessMesh([0])
@@ -13,24 +15,12 @@ or, for the composites (sigmoid, gelu, ...), the same expression written with th
 
 from __future__ import annotations
 
-from functools import partial
-
 import numpy as np
 
+from kernels import activations as act
+
+from .. import backend
 from ..dispatch import Op
-
-
-def _sigmoid(x, xp=np):
-    # exp of a non-positive number only: no overflow for large |x|
-    e = xp.exp(-xp.abs(x))
-    return xp.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(xp.result_type(x, 1.0), copy=False)
-
-
-def _gelu(x, xp=np):
-    """The tanh approximation of GELU (as in GPT-2 and BERT)."""
-    c = np.sqrt(2 / np.pi).astype(xp.result_type(x, 1.0))  # a host scalar
-    return 0.5 * x * (1 + xp.tanh(c * (x + 0.044715 * x**3)))
-
 
 UNARY = {
     "negative": np.negative,
@@ -54,10 +44,10 @@ UNARY = {
     "arctan": np.arctan,
     "sinh": np.sinh,
     "cosh": np.cosh,
-    "sigmoid": _sigmoid,
+    "sigmoid": act.sigmoid_forward,
     "relu": lambda x: np.maximum(x, 0),
-    "gelu": _gelu,
-    "silu": lambda x: x * _sigmoid(x),
+    "gelu": act.gelu_forward,  # the tanh approximation (as in GPT-2 and BERT)
+    "silu": act.silu_forward,
     "floor": np.floor,
     "ceil": np.ceil,
     "round": np.round,
@@ -93,44 +83,39 @@ BINARY = {
 }
 
 
-# Gradients of unary ops as one kernel each, from the gradient g and the op's output o
-# (ops/gradients.py): the same numpy expressions as the composite they replace, so the
-# same values, in one dispatch instead of three. Linear in g (spmd/rules.py).
-def _tanh_grad(g, o):
-    """``g * (1 - o * o)``, in one temporary where g matches it (the same operations in the
-    same order, so the same values; a 64 x 128 gradient takes two thirds of the time)."""
-    t = np.multiply(o, o)
-    if type(t) is not np.ndarray or type(g) is not np.ndarray:  # 0-d: numpy scalars
-        return g * (1 - t)
-    np.subtract(1, t, out=t)
-    if g.shape == t.shape and g.dtype == t.dtype:
-        return np.multiply(g, t, out=t)
-    return g * t  # broadcasting or promotion: numpy's own result
-
-
+# Gradients of unary ops as one kernel each (ops/gradients.py), from the gradient g and the
+# op's output (tanh, sigmoid) or input (gelu, silu, relu): kernels/activations.py, linear in
+# g (spmd/rules.py).
 UNARY_GRAD = {
-    "tanh_grad": _tanh_grad,
-    "sigmoid_grad": lambda g, o: g * (o * (1 - o)),
+    "tanh_grad": act.tanh_backward,
+    "sigmoid_grad": act.sigmoid_backward,
+    "gelu_grad": act.gelu_backward,
+    "silu_grad": act.silu_backward,
+    "relu_grad": act.relu_backward,
 }
 
 
-def _xp_kernel(fn):
-    """The device kernel factory of a kernel written with an ``xp`` argument."""
-    return lambda be: partial(fn, xp=be.xp)
+def _activation(name: str):
+    """The device kernel factory of an activation kernel: kernels/activations.py's CUDA
+    program on the backend (backend.kernels)."""
+    return lambda be: backend.kernels(be, "activations")[name]
 
 
 # Device kernels (dispatch.Op.device): by default the array module's function of the op's
-# name; the composites written with the module (the same operations, so the same values).
+# name; the composites written with the module (the same operations, so the same values);
+# the activations' kernels.
 DEVICE = {
     "rsqrt": lambda be: lambda x: 1 / be.xp.sqrt(x),
-    "sigmoid": _xp_kernel(_sigmoid),
+    "sigmoid": _activation("sigmoid_forward"),
     "relu": lambda be: lambda x: be.xp.maximum(x, 0),
-    "gelu": _xp_kernel(_gelu),
-    "silu": lambda be: lambda x: x * _sigmoid(x, be.xp),
+    "gelu": _activation("gelu_forward"),
+    "silu": _activation("silu_forward"),
     "round": lambda be: getattr(be.xp, "round", None) or be.xp.around,  # older CuPy: around
-    # g * (1 - o * o): the host kernel's operations without its in-place temporaries
-    "tanh_grad": lambda be: lambda g, o: g * (1 - o * o),
-    "sigmoid_grad": True,  # operators only: the kernel itself
+    "tanh_grad": _activation("tanh_backward"),
+    "sigmoid_grad": _activation("sigmoid_backward"),
+    "gelu_grad": _activation("gelu_backward"),
+    "silu_grad": _activation("silu_backward"),
+    "relu_grad": _activation("relu_backward"),
 }
 
 OPS: dict[str, Op] = {

@@ -128,18 +128,21 @@ for _name in _UNARY:
     gradient(_name)(_unary(_name))
 
 
-def _fused_unary(name: str):
-    """The gradient as one fused op (tanh_grad, sigmoid_grad) instead of three ops."""
+def _fused_unary(name: str, of_output: bool):
+    """The gradient as one fused op (kernels/activations.py) instead of several: written in
+    the op's output (tanh, sigmoid) or its input (relu, gelu, silu)."""
     op = GRAD_OPS[f"{name}_grad"]
 
     def grad(ctx: GradContext, g):
-        return (op(g, ctx.out),)
+        return (op(g, ctx.out if of_output else ctx.args[0]),)
 
     return grad
 
 
-gradient("tanh")(_fused_unary("tanh"))
-gradient("sigmoid")(_fused_unary("sigmoid"))
+for _name in ("tanh", "sigmoid"):
+    gradient(_name)(_fused_unary(_name, of_output=True))
+for _name in ("relu", "gelu", "silu"):
+    gradient(_name)(_fused_unary(_name, of_output=False))
 
 
 @gradient("tanh_grad")
@@ -170,23 +173,33 @@ def _identity(ctx, g):
     return (g,)
 
 
-@gradient("relu")
-def _relu(ctx, g):
-    return (where(ctx.args[0] > 0, g, 0),)
+@gradient("relu_grad")
+def _relu_grad(ctx, gg):  # of where(x > 0, g, 0): zero almost everywhere in x
+    return (GRAD_OPS["relu_grad"](gg, ctx.args[1]) if ctx.needs[0] else None, None)
 
 
-@gradient("gelu")
-def _gelu(ctx, g):
-    """The tanh approximation's derivative: 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3a x^2)."""
-    x = ctx.args[0]
-    t = EW["tanh"](_GELU_C * (x + 0.044715 * x * x * x))
-    return (g * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * _GELU_C * (1 + 0.134145 * x * x)),)
+@gradient("gelu_grad")
+def _gelu_grad(ctx, gg):  # of g gelu'(x)
+    """With u = c (x + a x^3), t = tanh(u): gelu''(x) = (1 - t^2) (u' + 3ac x^2 - x t u'^2),
+    u' = c (1 + 3a x^2)."""
+    g, x = ctx.args
+    dg = GRAD_OPS["gelu_grad"](gg, x) if ctx.needs[0] else None
+    if not ctx.needs[1]:
+        return dg, None
+    x2 = x * x
+    t = EW["tanh"](x * (_GELU_C + 0.044715 * _GELU_C * x2))
+    du = _GELU_C + 0.134145 * _GELU_C * x2
+    return dg, gg * g * ((1 - t * t) * (du + 0.134145 * _GELU_C * x2 - x * t * du * du))
 
 
-@gradient("silu")
-def _silu(ctx, g):
-    s = EW["sigmoid"](ctx.args[0])
-    return (g * (s * (1 + ctx.args[0] * (1 - s))),)
+@gradient("silu_grad")
+def _silu_grad(ctx, gg):  # of g silu'(x); silu''(x) = s (1 - s) (2 + x (1 - 2s))
+    g, x = ctx.args
+    dg = GRAD_OPS["silu_grad"](gg, x) if ctx.needs[0] else None
+    if not ctx.needs[1]:
+        return dg, None
+    s = EW["sigmoid"](x)
+    return dg, gg * g * (s * (1 - s) * (2 + x * (1 - 2 * s)))
 
 
 @gradient("add", reads_values=False)

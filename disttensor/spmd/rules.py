@@ -86,6 +86,9 @@ POINTWISE: dict[str, Any] = {
     # fused gradients of unary ops (ops/elementwise.py UNARY_GRAD): linear in the gradient
     "tanh_grad": (0,),
     "sigmoid_grad": (0,),
+    "gelu_grad": (0,),
+    "silu_grad": (0,),
+    "relu_grad": (0,),
 }
 _JOINT = {"where"}
 _LINEAR = {"sum", "avg"}  # multilinear entries that are in fact jointly linear
