@@ -5,6 +5,7 @@
 #
 #   bash bench/gpu_check.sh              # tests, then sections b, e, a, c of bench/gpu.py
 #   GPU_TESTS=0 bash bench/gpu_check.sh  # benchmarks only
+#   GPU_TEST_PATHS="tests/test_kernels.py" GPU_SECTIONS="b e" bash bench/gpu_check.sh
 #
 # MPI comes from the mpich and mpi4py wheels in .whl/ (downloaded beforehand for the
 # machine's Python: docs/gpu.md), installed into a virtual environment that also sees the
@@ -30,7 +31,7 @@ print('cupy', cupy.__version__, 'torch', torch.__version__, 'numpy', numpy.__ver
 print(MPI.Get_library_version().splitlines()[0])" 2>&1 | tee -a "$OUT/gpu.txt"
 if [ "${GPU_TESTS:-1}" != 0 ]; then
     timeout "${GPU_TEST_SECONDS:-300}" $PY -m pytest -q -k gpu -rfEs -p no:cacheprovider \
-        tests/ >"$OUT/tests.log" 2>&1
+        ${GPU_TEST_PATHS:-tests/} >"$OUT/tests.log" 2>&1
     echo "pytest -k gpu: exit $?"
     grep -E "passed|failed|error" "$OUT/tests.log" | tail -3
     grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -20
