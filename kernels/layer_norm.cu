@@ -51,7 +51,9 @@ __device__ void ln_backward_dx(const T* dy, const T* x, const T* mean, const T* 
         const T mu = mean[r], rs = rstd[r];
         T sum_gy = T(0), sum_gyx = T(0);
         for (long long j = threadIdx.x; j < cols; j += blockDim.x) {
-            const T gy = weight ? dyr[j] * weight[j] : dyr[j];
+            // Arith::mul: never contracted into a multiply-add, so gy below is this very
+            // value (a single column must give dx = 0 exactly: gy - mean(gy))
+            const T gy = weight ? Arith<T>::mul(dyr[j], weight[j]) : dyr[j];
             sum_gy += gy;
             sum_gyx += gy * ((xr[j] - mu) * rs);
         }
@@ -59,7 +61,7 @@ __device__ void ln_backward_dx(const T* dy, const T* x, const T* mean, const T* 
         const T mean_gyx = block_reduce(sum_gyx, Sum(), T(0), scratch) / T(cols);
         T* dxr = dx + r * cols;
         for (long long j = threadIdx.x; j < cols; j += blockDim.x) {
-            const T gy = weight ? dyr[j] * weight[j] : dyr[j];
+            const T gy = weight ? Arith<T>::mul(dyr[j], weight[j]) : dyr[j];
             const T xhat = (xr[j] - mu) * rs;
             dxr[j] = rs * (gy - (mean_gy + xhat * mean_gyx));
         }
