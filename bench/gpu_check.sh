@@ -36,7 +36,7 @@ if [ "${GPU_TESTS:-1}" != 0 ]; then
     grep -E "passed|failed|error" "$OUT/tests.log" | tail -3
     grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -20
 fi
-for section in ${GPU_SECTIONS:-b e a c}; do
+for section in ${GPU_SECTIONS-b e a c}; do
     timeout "${GPU_BENCH_SECONDS:-150}" $PY bench/gpu.py --only "$section" ${GPU_BENCH_ARGS:-} \
         >"$OUT/bench-$section.log" 2>&1
     echo "bench/gpu.py --only $section: exit $?"
