@@ -9,7 +9,7 @@ imports, and its references run, without it. ``kernels.emulate`` stands in for C
 CPU (g++), to run the CUDA programs where there is no GPU.
 
 >>> sorted(KERNELS)
-['activations', 'adam', 'bucket', 'layer_norm', 'softmax_xent']
+['activations', 'adam', 'bucket', 'layer_norm', 'softmax', 'softmax_xent']
 >>> sorted(KERNELS["layer_norm"].references)
 ['layer_norm_backward', 'layer_norm_forward']
 """
@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from . import activations, adam, bucket, layer_norm, softmax_xent
+from . import activations, adam, bucket, layer_norm, softmax, softmax_xent
 from ._cuda import read_source
 
 
@@ -53,6 +53,7 @@ KERNELS: dict[str, Kernel] = {
             ("adam", adam),
             ("softmax_xent", softmax_xent),
             ("layer_norm", layer_norm),
+            ("softmax", softmax),
             ("bucket", bucket),
             ("activations", activations),
         )

@@ -8,52 +8,12 @@
 //
 // The shift. Like disttensor's cross entropy the loss is log(sum(exp(x - s))) + s - x[label]
 // with s the row max when that is finite, else 0 (a row with a NaN, a +inf, or only -inf).
-// The forward kernel finds s and the sum in one pass with an online softmax: each thread keeps
-// the running max m of the finite values it saw and sum(exp(x - m)), rescaled when m grows;
-// states merge across the block. A NaN or +inf is only flagged: with one of them s is 0 and
-// the sum is NaN (a NaN) or +inf, as numpy's sum of exp(x) would be.
+// The forward kernel finds s and the sum in one pass with an online softmax (online.cuh):
+// each thread keeps the running max m of the finite values it saw and sum(exp(x - m)),
+// rescaled when m grows; states merge across the block. A NaN or +inf is only flagged: with
+// one of them s is 0 and the sum is NaN (a NaN) or +inf, as numpy's sum of exp(x) would be.
 #include "common.cuh"
-
-template <typename T>
-struct Online {
-    T max;    // of the finite values seen; -inf before any
-    T sum;    // of exp(x - max) over them
-    int odd;  // bit 1: a NaN seen, bit 2: a +inf seen
-};
-
-template <typename T>
-__device__ __forceinline__ Online<T> shfl_xor(Online<T> s, int lane) {
-    return {shfl_xor(s.max, lane), shfl_xor(s.sum, lane), shfl_xor(s.odd, lane)};
-}
-
-struct Merge {
-    template <typename T>
-    __device__ __forceinline__ Online<T> operator()(Online<T> a, Online<T> b) const {
-        const T m = a.max > b.max ? a.max : b.max;
-        // both empty: m is -inf and exp(-inf - -inf) would be NaN
-        const T s = m == -Arith<T>::inf()
-                        ? T(0)
-                        : a.sum * Arith<T>::exp(a.max - m) + b.sum * Arith<T>::exp(b.max - m);
-        return {m, s, a.odd | b.odd};
-    }
-};
-
-template <typename T>
-__device__ __forceinline__ Online<T> online_add(Online<T> a, T x) {
-    if (x != x) {
-        a.odd |= 1;
-    } else if (x == Arith<T>::inf()) {
-        a.odd |= 2;
-    } else if (x != -Arith<T>::inf()) {  // -inf adds exp(-inf) = 0: skipped
-        if (x > a.max) {
-            a.sum = a.sum * Arith<T>::exp(a.max - x) + T(1);
-            a.max = x;
-        } else {
-            a.sum += Arith<T>::exp(x - a.max);
-        }
-    }
-    return a;
-}
+#include "online.cuh"
 
 // The label's column in this block of columns, or -1 when another block holds it.
 __device__ __forceinline__ long long label_column(const long long* labels, long long row,
@@ -69,18 +29,15 @@ template <typename T>
 __device__ void xent_forward(const T* logits, const long long* labels, long long rows,
                              long long cols, T* loss, T* shift, T* sum_exp) {
     __shared__ Online<T> scratch[32];
-    const Online<T> empty = {-Arith<T>::inf(), T(0), 0};
+    const Online<T> empty = online_empty<T>();
     for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
         const T* x = logits + r * cols;
         Online<T> st = empty;
         for (long long j = threadIdx.x; j < cols; j += blockDim.x) st = online_add(st, x[j]);
         st = block_reduce(st, Merge(), empty, scratch);
         if (threadIdx.x == 0) {
-            T s = st.max, sum = st.sum;
-            if (st.odd || !is_finite(s)) {
-                s = T(0);
-                sum = (st.odd & 1) ? Arith<T>::nan() : (st.odd & 2) ? Arith<T>::inf() : T(0);
-            }
+            T s, sum;
+            online_shift_sum(st, &s, &sum);
             const long long j = label_column(labels, r, 0, cols, cols);
             shift[r] = s;
             sum_exp[r] = sum;

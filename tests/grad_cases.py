@@ -638,17 +638,103 @@ def composite_cases() -> list[GradCase]:
                 these.append(bound(what, getattr(dt, name), getattr(np, name), (x,), **kw))
             what = f"logsumexp {label} axis={axis} keepdims={keep}"
             kw = {"axis": axis, "keepdims": keep}
-            these.append(bound(what, dt.logsumexp, REFS["logsumexp"], (x,), **kw))
+            # the fused op where no mesh dim splits the reduced axes, else the composite
+            these.append(bound(what, dt.logsumexp, REFS["logsumexp"], (x,), ("logsumexp",), **kw))
         for axis in (0, -1):
             for name in ("softmax", "log_softmax"):
                 what = f"{name} {label} axis={axis}"
-                these.append(bound(what, getattr(dt, name), REFS[name], (x,), axis=axis))
+                fn, ref = getattr(dt, name), REFS[name]
+                these.append(bound(what, fn, ref, (x,), (name,), axis=axis))
         if label == "uneven":  # the whole grid where one axis is reduced
             _lighten([c for c in these if "axis=None" in c.label or "axis=(" in c.label])
         else:
             _lighten(these)
         out += these
     return out
+
+
+# -- the fused softmax gradients and the attention score path ---------------------------------
+def np_attention_softmax(s, scale, causal):
+    """softmax(where(causal mask, s * scale, -inf)) over the last axis, the plain way."""
+    v = s * scale
+    if causal:
+        v = np.where(np.tril(np.ones(s.shape[-2:], bool)), v, -np.inf)
+    return REFS["softmax"](v, axis=-1)
+
+
+def softmax_cases() -> list[GradCase]:
+    """The fused gradient ops of softmax, log_softmax and logsumexp (disttensor/ops/reduction.py)
+    on any (g, y), their gradients written with dt ops; and attention_softmax (ops/nn.py):
+    causal and not, square, one query, more keys than queries and fewer, on every layout
+    (the rule gathers what it needs whole; heads and batch stay split)."""
+    from disttensor.ops import nn
+    from disttensor.ops import reduction as red
+
+    rng = np.random.default_rng(23)
+    g, y = rng.normal(size=UNEVEN), rng.uniform(0.05, 1, UNEVEN)
+    lg, x = rng.normal(size=(5,)), rng.normal(size=UNEVEN)
+    out = rng.normal(size=(5,))
+
+    def sm_grad(a, b, axis=1, scale=1.0):
+        return scale * b * (a - (a * b).sum(axis, keepdims=True))
+
+    cases = [
+        GradCase(
+            "softmax_grad axis=1",
+            lambda a, b: red.SOFTMAX_GRAD(a, b, axis=1),
+            sm_grad,
+            (g, y),
+            ops=("softmax_grad",),
+        ),
+        GradCase(
+            "softmax_grad axis=0 scale=0.5",
+            lambda a, b: red.SOFTMAX_GRAD(a, b, axis=0, scale=0.5),
+            lambda a, b: sm_grad(a, b, 0, 0.5),
+            (g, y),
+            ops=("softmax_grad",),
+        ),
+        GradCase(
+            "log_softmax_grad axis=-1",
+            lambda a, b: red.LOG_SOFTMAX_GRAD(a, b, axis=-1),
+            lambda a, b: a - np.exp(b) * a.sum(-1, keepdims=True),
+            (g, np.log(y)),
+            ops=("log_softmax_grad",),
+        ),
+        GradCase(
+            "logsumexp_grad axis=1",
+            lambda a, b, c: red.LOGSUMEXP_GRAD(a, b, c, axis=1),
+            lambda a, b, c: a[:, None] * np.exp(b - c[:, None]),
+            (lg, x, out),
+            ops=("logsumexp_grad",),
+        ),
+        GradCase(
+            "logsumexp_grad axis=(0, 1) keepdims",
+            lambda a, b, c: red.LOGSUMEXP_GRAD(a, b, c, axis=(0, 1), keepdims=True),
+            lambda a, b, c: a * np.exp(b - c),
+            (rng.normal(size=(1, 1)), x, rng.normal(size=(1, 1))),
+            ops=("logsumexp_grad",),
+            grid="light",
+        ),
+    ]
+    for shape, causal in (
+        ((2, 3, 4, 4), True),
+        ((3, 5, 5), False),
+        ((3, 1, 1), True),
+        ((2, 5, 3), True),
+        ((2, 3, 5), True),
+    ):
+        s = rng.normal(0, 2, shape)
+        cases.append(
+            GradCase(
+                f"attention_softmax {shape} causal={causal}",
+                lambda a, c=causal: nn.attention_softmax(a, 0.35, causal=c),
+                lambda a, c=causal: np_attention_softmax(a, 0.35, c),
+                (s,),
+                ops=("attention_softmax",),
+                grid="default" if shape == (2, 3, 4, 4) else "light",
+            )
+        )
+    return cases
 
 
 # -- scans (disttensor/ops/scan.py) -----------------------------------------------------------

@@ -27,6 +27,7 @@ from grad_cases import (
     run_grid,
     scan_cases,
     shape_cases,
+    softmax_cases,
     unary_cases,
     where_cases,
 )
@@ -58,6 +59,7 @@ GROUPS = {
     "linalg": linalg_cases(),
     **{f"reduce-{n}": reduction_cases(n) for n in REDUCTIONS},
     "composites": composite_cases(),
+    "softmax": softmax_cases(),
     "scan": scan_cases(),
     "shape": shape_cases(),
     "internal": internal_cases(),

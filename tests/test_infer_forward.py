@@ -4,9 +4,9 @@ For every op with a rule that the validator can call (disttensor/spmd/validate.p
 every 1-D placement of its inputs on 2 simulated ranks: the output placements dispatch gives
 equal the rule's, and dispatch's collectives are exactly the moves from the inputs'
 placements to the ones the rule asks for (the communicating steps of ``reshard.plan``). The
-composites whose reduced axes may be split (softmax, layer_norm, cross_entropy: Note
-[Row-wise rules] in spmd/nn_rules.py) are checked on 1-D and 2-D meshes too: output
-placements, the inputs' moves, and their per-row statistics' all-reduces.
+composites whose reduced axes may be split (softmax, log_softmax, logsumexp, layer_norm,
+cross_entropy: Note [Row-wise rules] in spmd/nn_rules.py) are checked on 1-D and 2-D meshes
+too: output placements, the inputs' moves, and their per-row statistics' all-reduces.
 """
 
 from __future__ import annotations
@@ -36,11 +36,11 @@ def moves(mesh_shape, cur, req, shape, dtype) -> int:
 
 
 def statistics(name, x, p, attrs) -> int:
-    """All-reduces of a composite's per-row statistics: softmax and log_softmax of an axis
-    the input keeps split (its max, then its sum of exponentials)."""
-    if name not in ("softmax", "log_softmax") or not p.is_shard():
+    """All-reduces of a composite's per-row statistics: softmax, log_softmax and logsumexp of
+    an axis the input keeps split (its max, then its sum of exponentials)."""
+    if name not in ("softmax", "log_softmax", "logsumexp") or not p.is_shard():
         return 0
-    axis = attrs.get("axis", -1)
+    axis = attrs.get("axis", None if name == "logsumexp" else -1)
     axes = range(x.ndim) if axis is None else [a % x.ndim for a in np.atleast_1d(axis)]
     return 2 * (p.dim in axes)
 
@@ -118,6 +118,10 @@ COMPOSITE_CASES = [
     ((2,), "softmax", [((6, 8), "f8", [S1])], {"axis": -1}, 2),
     ((2, 2), "softmax", [((6, 8), "f8", [S0, S1])], {"axis": -1}, 2),
     ((2, 2), "softmax", [((6, 8), "f8", [S1, PSUM])], {"axis": -1}, 2),
+    ((2, 2), "log_softmax", [((6, 8), "f4", [S0, S1])], {"axis": 1}, 2),
+    ((2,), "logsumexp", [((6, 8), "f8", [S1])], {"axis": 1}, 2),
+    ((2, 2), "logsumexp", [((6, 8), "f8", [S0, S1])], {"axis": -1, "keepdims": True}, 2),
+    ((2, 2), "logsumexp", [((6, 8), "f4", [S1, PSUM])], {"axis": (0, 1)}, 2),
     ((2,), "layer_norm", [((6, 8), "f8", [S1]), ((8,), "f8", [R]), ((8,), "f8", [S0])], {}, 2),
     ((2, 2), "layer_norm", [((6, 8), "f8", [S0, S1]), ((8,), "f8", [R, R])], {}, 2),
     ((2,), "cross_entropy", [((6, 8), "f8", [S1]), ((6,), "i8", [S0])], {}, 2),

@@ -1,4 +1,5 @@
-"""nn ops (layer_norm, embedding, cross_entropy) and the nn rules, against numpy in float64.
+"""nn ops (layer_norm, embedding, cross_entropy, attention_softmax) and the nn rules, against
+numpy in float64.
 
 Each grid runs on simulated ranks over meshes (1), (2), (3), (4), (2, 2): every input placement
 the op admits (Shard of each axis, Replicate, asymmetric Partials), even, uneven and empty
@@ -263,6 +264,74 @@ def test_bad_input():
     dt.simulate(2, case_bad_input, 2)
 
 
+# -- attention_softmax ---------------------------------------------------------------------------
+def ref_attention(s, scale, causal):
+    v = s * scale
+    if causal:
+        v = np.where(np.tril(np.ones(s.shape[-2:], bool)), v, -np.inf)
+    e = np.exp(v - v.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def case_attention(mesh: dt.ProcessMesh) -> int:
+    """Every placement of (batch, heads, queries, keys) scores, causal or not, square or not:
+    the values; and no collective at all, forward and backward, where no mesh dim splits
+    what the rule needs whole (the keys; the queries too under the causal mask) and nothing
+    is Partial (Note [Attention scores] in ops/nn.py)."""
+    k, n = max(mesh.shape), 0
+    rng = np.random.default_rng(5)
+    for shape, causal in (
+        ((2, k + 1, 5, 5), True),
+        ((k + 1, 2, 3, 4), False),
+        ((1, k, 1, 1), True),
+    ):
+        g = rng.normal(0, 2, shape)
+        cot = rng.normal(size=shape)
+        whole = (2, 3) if causal else (3,)
+        for src in _grid(4, mesh):
+            x = make_source(g, mesh, src, seed=n).requires_grad_()
+            with dt.CommCounter() as cc:
+                y = dt.ops.nn.attention_softmax(x, 0.25, causal)
+                y.backward(grad=cot)
+            what = (mesh.shape, shape, causal, src)
+            _close(y.numpy(), ref_attention(g, 0.25, causal), what)
+            moved = [
+                p.is_partial() or (p.is_shard() and p.dim in whole)
+                for p, size in zip(src, mesh.shape)
+                if size > 1
+            ]
+            if not any(moved):  # heads and batch stay split; nothing moves
+                kept = [p if size > 1 else R for p, size in zip(src, mesh.shape)]
+                assert cc.total == 0 and y.placements == kept, (what, cc.counts)
+            n += 1
+    return n
+
+
+@pytest.mark.parametrize("mesh_shape", MESHES, ids=str)
+def test_attention_softmax_grid(mesh_shape):
+    assert _sim(mesh_shape, case_attention) > 0
+
+
+def case_attention_block(mesh: dt.ProcessMesh):
+    """dt.nn.MultiHeadAttention runs scale, mask and softmax as one op and its gradient as
+    one: no where, no mask table, no separate softmax on the tape."""
+    attn = dt.nn.MultiHeadAttention(8, 2, seed=0, dtype=np.float64, mesh=mesh)
+    x = dt.shard_tensor(np.random.default_rng(6).normal(size=(2, 5, 8)), mesh, [R])
+    y = attn(x)
+    names, stack = set(), [y]
+    while stack:
+        t = stack.pop()
+        if t._node is not None and t._node[0].name not in names:
+            names.add(t._node[0].name)
+            stack.extend(i for i in t._node[0].inputs if i is not None)
+    return names
+
+
+def test_attention_block_uses_the_fused_op():
+    names = dt.simulate(1, case_attention_block, _mesh((1,)))[0]
+    assert "attention_softmax" in names and not {"where", "softmax", "multiply"} & names, names
+
+
 # -- the rules, in a single process --------------------------------------------------------------
 def _infer(op, specs, mesh_shape, **attrs):
     ins, outs = infer_forward(op, [TensorSpec(s, p) for s, p in specs], mesh_shape, **attrs)
@@ -281,6 +350,56 @@ def test_softmax_rules(op):
     assert _infer(op, [((8, 6), [S1, P])], (2, 2), axis=1) == ([[S1, R]], [[S1, R]])
     assert _infer(op, [((8, 6), [S0])], (4,), axis=None) == ([[S0]], [[S0]])  # composite
     assert _infer(op, [((8, 6, 4), [S1])], (4,), axis=(0, 2)) == ([[S1]], [[S1]])
+
+
+def test_logsumexp_and_gradient_rules():
+    assert _infer("logsumexp", [((8, 6), [S0])], (2,), axis=1) == ([[S0]], [[S0]])
+    assert _infer("logsumexp", [((8, 6), [S0])], (2,), axis=-1, keepdims=True) == (
+        [[S0]],
+        [[S0]],
+    )
+    # a split reduced axis stays split (the composite); the output is Replicate there
+    assert _infer("logsumexp", [((8, 6), [S1])], (2,), axis=1) == ([[S1]], [[R]])
+    assert _infer("logsumexp", [((8, 6), [S0, S1])], (2, 2), axis=None) == ([[S0, S1]], [[R, R]])
+    assert _infer("logsumexp", [((8, 6, 4), [S1, S0])], (2, 2), axis=(0, 2)) == (
+        [[S1, S0]],
+        [[S0, R]],
+    )
+    ins, outs = _infer("logsumexp", [((8, 6), [P])], (2,), axis=0)
+    assert not ins[0][0].is_partial() and not outs[0][0].is_partial()
+    # the fused gradients: the reduced axes whole, a Partial gradient resolved
+    g = ((8, 6), [P])
+    ins, outs = _infer("softmax_grad", [g, ((8, 6), [S0])], (2,), axis=1)
+    assert ins == [[S0], [S0]] and outs == [[S0]]
+    ins, _ = _infer("log_softmax_grad", [((8, 6), [S1]), ((8, 6), [S1])], (2,), axis=1)
+    assert S1 not in ins[0] + ins[1]
+    rows = ((8,), [S0])
+    assert _infer("logsumexp_grad", [rows, ((8, 6), [S0]), rows], (2,), axis=1) == (
+        [[S0], [S0], [S0]],
+        [[S0]],
+    )
+    kept = ((8, 1), [S0])
+    assert _infer("logsumexp_grad", [kept, ((8, 6), [R]), kept], (2,), axis=1, keepdims=True) == (
+        [[S0], [S0], [S0]],
+        [[S0]],
+    )
+
+
+def test_attention_softmax_rule():
+    heads = ((2, 4, 6, 6), [S1])
+    assert _infer("attention_softmax", [heads], (2,), causal=True) == ([[S1]], [[S1]])
+    assert _infer("attention_softmax", [((2, 4, 6, 6), [S0, S1])], (2, 2), causal=True) == (
+        [[S0, S1]],
+        [[S0, S1]],
+    )
+    # split queries: kept without the mask, made whole with it; keys are always made whole
+    assert _infer("attention_softmax", [((2, 4, 6, 6), [S2])], (2,), causal=False)[1] == [[S2]]
+    for src, causal in ((S2, True), (dt.Shard(3), False), (P, True)):
+        ins, outs = _infer("attention_softmax", [((2, 4, 6, 6), [src])], (2,), causal=causal)
+        p = ins[0][0]
+        assert not p.is_partial() and p not in (S2, dt.Shard(3)) and outs == ins, (src, p)
+    with pytest.raises(ValueError, match="two axes"):
+        _infer("attention_softmax", [((6,), [R])], (2,))
 
 
 def test_layer_norm_rule():
@@ -344,6 +463,7 @@ def test_cross_entropy_rules():
 
 
 def test_registered():
-    assert {"cross_entropy", "embedding", "layer_norm", "log_softmax", "softmax"} <= set(
-        dt.spmd.registered_ops()
-    )
+    assert {
+        *("cross_entropy", "embedding", "layer_norm", "log_softmax", "softmax", "logsumexp"),
+        *("softmax_grad", "log_softmax_grad", "logsumexp_grad", "attention_softmax"),
+    } <= set(dt.spmd.registered_ops())

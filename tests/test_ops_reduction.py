@@ -3,6 +3,7 @@ mesh, awkward size and dtype; methods and numpy interop."""
 
 from __future__ import annotations
 
+import itertools
 from functools import partial
 
 import numpy as np
@@ -104,21 +105,26 @@ COMPOSITES = {  # name -> (reference, keyword variants)
         REFS["logsumexp"],
         [{"axis": None}, {"axis": 0}, {"axis": 1, "keepdims": True}, {"axis": (0, 1)}],
     ),
-    "softmax": (REFS["softmax"], [{"axis": a} for a in (0, 1, -1, -2)]),
-    "log_softmax": (REFS["log_softmax"], [{"axis": a} for a in (0, 1, -1, -2)]),
+    "softmax": (REFS["softmax"], [{"axis": a} for a in (0, 1, -1, -2, None, (0, 1))]),
+    "log_softmax": (REFS["log_softmax"], [{"axis": a} for a in (0, 1, -1, -2, None, (1, 0))]),
 }
+# the fused ops of Note [Fused or composite] (disttensor/ops/nn.py): zero-size inputs and
+# float32 too, on the placements that split the reduced axes (composite) and those that do not
+FUSED = ("logsumexp", "softmax", "log_softmax")
 
 
 def _composite(mesh, name):
     grid, rng = Grid(), np.random.default_rng(22)
     ref, variants = COMPOSITES[name]
-    for label in ("uneven", "empty") if name in ("var", "logsumexp") else ("uneven",):
-        x = data(shapes_2d(mesh)[label], F64, rng)
-        for pl in placements(mesh, 2, F64):
+    labels = ("uneven", "empty", "zero") if name in FUSED else ("uneven", "empty")
+    cases = [(label, F64) for label in labels if name != "std" or label == "uneven"]
+    cases += [("uneven", F32)] if name in FUSED else []
+    for label, dtype in cases:
+        x = data(shapes_2d(mesh)[label], dtype, rng)
+        for pl in placements(mesh, 2, dtype):
             for kw in variants:
-                grid.check(
-                    mesh, getattr(dt, name), (x,), [pl], ref, f"{name} {label} {kw} {pl}", **kw
-                )
+                what = f"{name} {dtype} {label} {kw} {pl}"
+                grid.check(mesh, getattr(dt, name), (x,), [pl], ref, what, **kw)
     return grid.result()
 
 
@@ -126,6 +132,36 @@ def _composite(mesh, name):
 @pytest.mark.parametrize("name", list(COMPOSITES))
 def test_composite(name, mesh_shape):
     assert_grid(simulate_on(mesh_shape, _composite, name))
+
+
+def _fused_moves_nothing(mesh):
+    """Over axes no mesh dim splits, each is one fused op (the output's recorded op) with no
+    collective in forward or backward, and the batch axis stays split in both."""
+    rng = np.random.default_rng(23)
+    g = rng.normal(size=(2 * mesh.size + 1, 5, 3))
+    calls = {
+        "softmax": lambda t: dt.softmax(t, axis=1),
+        "log_softmax": lambda t: dt.log_softmax(t, axis=(1, 2)),
+        "logsumexp": lambda t: dt.logsumexp(t, axis=-1, keepdims=True),
+    }
+    out = []
+    for pl in map(list, itertools.product([S0, dt.Replicate()], repeat=mesh.ndim)):
+        for name, call in calls.items():
+            x = dt.shard_tensor(g, mesh, pl, requires_grad=True)
+            with dt.CommCounter() as cc:
+                y = call(x)
+                op = y._node[0].name
+                y.backward(grad=np.ones(y.shape))
+            out.append((name, op, cc.total, y.placements == pl, x.grad.placements == pl))
+    return out
+
+
+@pytest.mark.parametrize("mesh_shape", [(2,), (2, 2)], ids=str)
+def test_fused_softmax_moves_nothing(mesh_shape):
+    for name, op, total, kept, grad_kept in every_rank(
+        simulate_on(mesh_shape, _fused_moves_nothing)
+    ):
+        assert (op, total, kept, grad_kept) == (name, 0, True, True), (name, op, total)
 
 
 def test_softmax_is_stable_for_large_values():

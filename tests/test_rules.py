@@ -167,7 +167,7 @@ def test_registered_ops():
     assert names == sorted(set(names))
     ours = {*rules.POINTWISE, "matmul", "einsum", "dot", "outer", *rules.REDUCTIONS}
     assert ours <= set(names)
-    assert {"var", "std", "logsumexp"}.isdisjoint(names)  # composites: Note in the coverage test
+    assert {"var", "std"}.isdisjoint(names)  # composites: Note in the coverage test
     assert get_rule("no_such_op") is None
 
 
@@ -241,17 +241,15 @@ def test_reduction_rule_rejects_out_of_range_axis():
 # -- coverage: which public ops have a kernel and a rule -----------------------------------
 FAMILIES = (elementwise, linalg, reduction)  # shape and nn ops have their own tests
 # Public ops without a kernel and rule of their own, by design: composites written with the
-# primitives, whose rules decide (so no rule of theirs can disagree with their kernels).
-# softmax/log_softmax also have a rule in spmd/nn_rules.py, for nn's own kernels.
+# primitives, whose rules decide (so no rule of theirs can disagree with their kernels); and
+# softmax, log_softmax and logsumexp, functions that run one fused op (whose rule, in
+# spmd/nn_rules.py, describes both routes) or the composite where a reduced axis is split.
 COMPOSITE = {"var", "std", "logsumexp", "softmax", "log_softmax"}
 # The gradient column: every op with a rule has a gradient (autograd.GRADIENTS, tested by
 # tests/test_grad.py) or is a constant for autograd (autograd.NOT_DIFFERENTIABLE), except:
 NO_GRADIENT_BY_DESIGN = {
-    # rules without an Op that uses them (dt.softmax/log_softmax are composites, whose
-    # primitives have gradients); a fused kernel taking them needs a gradient with it
-    "softmax",
-    "log_softmax",
-    # fused gradient kernels: backward runs with recording off, so nothing differentiates them
+    # fused gradient kernels whose gradients nothing computes: backward runs with recording
+    # off (the activation and softmax gradient ops have composite gradients of their own)
     "layer_norm_grad",
     "cross_entropy_grad",
 }

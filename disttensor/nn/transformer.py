@@ -16,8 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from .. import backend, ops
+from .. import ops
 from ..mesh import ProcessMesh
+from ..ops.nn import attention_softmax
 from .layers import GELU, Dropout, LayerNorm, Linear, _seed
 from .module import Module
 
@@ -56,11 +57,10 @@ class MultiHeadAttention(Module):
     def forward(self, x: Any) -> Any:
         b, n, _ = x.shape
         q, k, v = (self._heads(f(x), b, n) for f in (self.q, self.k, self.v))
-        scores = ops.matmul(q, k, trans_y=True) * (1 / math.sqrt(self.dim // self.heads))
-        if self.causal:
-            causal = backend.constant(scores, np.tril(np.ones((n, n), bool)))
-            scores = ops.where(causal, scores, -np.inf)
-        att = self.drop(ops.softmax(scores, axis=-1))
+        # scale, causal mask and softmax in one op (Note [Attention scores] in ops/nn.py)
+        scores = ops.matmul(q, k, trans_y=True)
+        scale = 1 / math.sqrt(self.dim // self.heads)
+        att = self.drop(attention_softmax(scores, scale, causal=self.causal))
         out = ops.transpose(ops.matmul(att, v), (0, 2, 1, 3))
         return self.proj(ops.reshape(out, (b, n, self.dim)))
 

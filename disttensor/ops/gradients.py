@@ -686,6 +686,74 @@ def _take_labels(ctx, g):
     return where(hot, sh.expand_dims(g, axis), 0), None
 
 
+# -- softmax, log_softmax, logsumexp (ops/reduction.py), attention_softmax (ops/nn.py) ---------
+# The fused ops' gradients are one fused op each, from the forward's output (and input, for
+# logsumexp); the gradients of those are written with dt ops.
+@gradient("softmax")
+def _softmax(ctx, g):
+    return (red.SOFTMAX_GRAD(g, ctx.out, axis=ctx.attrs.get("axis", -1)),)
+
+
+@gradient("attention_softmax")
+def _attention_softmax(ctx, g):  # Note [Attention scores] in ops/nn.py
+    return (red.SOFTMAX_GRAD(g, ctx.out, axis=-1, scale=ctx.attrs.get("scale", 1.0)),)
+
+
+@gradient("log_softmax")
+def _log_softmax(ctx, g):
+    return (red.LOG_SOFTMAX_GRAD(g, ctx.out, axis=ctx.attrs.get("axis", -1)),)
+
+
+@gradient("logsumexp")
+def _logsumexp(ctx, g):
+    attrs = {"axis": ctx.attrs.get("axis"), "keepdims": ctx.attrs.get("keepdims", False)}
+    return (red.LOGSUMEXP_GRAD(g, ctx.args[0], ctx.out, **attrs),)
+
+
+@gradient("softmax_grad")
+def _softmax_grad(ctx, gg):
+    """Of ``dx = scale * y * (g - sum(g * y))``: in g the same map (it is symmetric); in y
+    ``scale * (gg * (g - sum(g * y)) - g * sum(gg * y))``."""
+    g, y = ctx.args
+    scale = ctx.attrs.get("scale", 1.0)
+    axes = red._axes(ctx.attrs.get("axis", -1), y.ndim)
+    gy = None
+    if ctx.needs[1]:
+        s, t = (red.sum(mul(a, y), axes, keepdims=True) for a in (g, gg))
+        gy = sub(mul(gg, sub(g, s)), mul(g, t))
+        gy = gy if scale == 1.0 else mul(gy, scale)
+    return (red.SOFTMAX_GRAD(gg, y, **ctx.attrs) if ctx.needs[0] else None), gy
+
+
+@gradient("log_softmax_grad")
+def _log_softmax_grad(ctx, gg):
+    """Of ``dx = g - exp(y) * sum(g)``: in g ``gg - sum(gg * exp(y))``, in y
+    ``-gg * exp(y) * sum(g)``."""
+    g, y = ctx.args
+    axes = red._axes(ctx.attrs.get("axis", -1), y.ndim)
+    e = mul(gg, EW["exp"](y))
+    gg_g = sub(gg, red.sum(e, axes, keepdims=True)) if ctx.needs[0] else None
+    gg_y = -mul(e, red.sum(g, axes, keepdims=True)) if ctx.needs[1] else None
+    return gg_g, gg_y
+
+
+@gradient("logsumexp_grad")
+def _logsumexp_grad(ctx, gg):
+    """Of ``dx = g * exp(x - out)`` (g and out per row): in g ``sum(gg * exp(x - out))``, in
+    x ``gg * dx``, in out ``-sum(gg * dx)``."""
+    _, x, out = ctx.args
+    axis, keepdims = ctx.attrs.get("axis"), ctx.attrs.get("keepdims", False)
+    axes = red._axes(axis, x.ndim)
+    gx = mul(gg, ctx.out)
+    grad_g = grad_out = None
+    if ctx.needs[0]:
+        kept = _reshaped(out, red._kept_shape(x.shape, axes))
+        grad_g = red.sum(mul(gg, EW["exp"](sub(x, kept))), axes, keepdims=keepdims)
+    if ctx.needs[2]:
+        grad_out = -red.sum(gx, axes, keepdims=keepdims)
+    return grad_g, gx if ctx.needs[1] else None, grad_out
+
+
 # -- scans (ops/scan.py) -----------------------------------------------------------------------
 def _as_input_dtype(gx, x):
     """A gradient computed in a scan's ``dtype=`` cast back to its input's dtype."""

@@ -1,13 +1,16 @@
-"""Neural-network ops: layer_norm, embedding, cross_entropy (rules in spmd/nn_rules.py).
+"""Neural-network ops: layer_norm, embedding, cross_entropy, and the attention score path
+``attention_softmax`` that dt.nn's attention runs (rules in spmd/nn_rules.py).
 
 Note [Fused or composite]
-    layer_norm and cross_entropy reduce over some axes (the normalized axes, the class axis).
-    When no mesh dim splits those axes, one fused op runs: a local kernel, no communication,
-    batch axes keep their sharding (Note [Row-wise rules] in spmd/nn_rules.py). When a mesh
-    dim does split them (hidden-sharded activations, vocabulary-parallel logits), the fused
-    op would have to gather the whole tensor first; the composite of dt reductions (mean and
-    variance, max and logsumexp) keeps them split and moves only per-row statistics as small
-    all-reduces of Partial values. So each call takes the route that moves the least.
+    layer_norm and cross_entropy, and softmax, log_softmax and logsumexp (ops/reduction.py),
+    reduce over some axes (the normalized axes, the class axis, the softmax axes). When no
+    mesh dim splits those axes, one fused op runs: a local kernel, no communication, batch
+    axes keep their sharding (Note [Row-wise rules] in spmd/nn_rules.py); the softmax family's
+    gradients are one fused op each too. When a mesh dim does split them (hidden-sharded
+    activations, vocabulary-parallel logits), the fused op would have to gather the whole
+    tensor first; the composite of dt reductions (mean and variance, max and sum of
+    exponentials) keeps them split and moves only per-row statistics as small all-reduces
+    of Partial values. So each call takes the route that moves the least.
 
 Lookups with a split table write zeros for the rows (classes) another rank owns and come out
 Partial(sum), with no communication (Megatron's vocabulary-parallel embedding and loss).
@@ -43,7 +46,7 @@ from ..spec import DistSpec
 from ..spmd.nn_rules import normalize_axis
 from ..tensor import DistTensor
 from .elementwise import OPS as EW
-from .reduction import logsumexp, mean
+from .reduction import _splits, logsumexp, mean
 
 _REDUCTIONS = ("mean", "sum", "none")
 
@@ -53,13 +56,6 @@ def _operand(a: Any) -> Any:
     """DistTensors and device arrays as they are; anything else as a numpy array (dispatch
     makes it Replicate)."""
     return a if isinstance(a, DistTensor) or backend.is_device(a) else np.asarray(a)
-
-
-def _splits(x: Any, axes) -> bool:
-    """Whether a mesh dim (of more than one rank) splits one of ``axes`` of ``x``."""
-    if not isinstance(x, DistTensor):
-        return False
-    return any(p.is_shard() and p.dim in axes and n > 1 for p, n in zip(x.placements, x.mesh.shape))
 
 
 def _owned(ctx: KernelContext | None, i: int, axis: int, n: int) -> tuple[int, int]:
@@ -319,6 +315,48 @@ def cross_entropy(logits, labels, axis: int = -1, reduction: str = "mean"):
         loss = _CROSS_ENTROPY(logits, labels, axis=axis)
     # .mean()/.sum() exist on DistTensors and numpy results alike
     return loss if reduction == "none" else getattr(loss, reduction)()
+
+
+# -- the attention score path -----------------------------------------------------------------
+# Note [Attention scores]
+#     Attention turns scores q k^T into weights as softmax(where(causal, scores * scale, -inf))
+#     over the keys. As three dt ops that is three full-size passes and a bool mask table per
+#     call; ``attention_softmax`` is one op whose kernel (kernels/softmax.py) scales, masks and
+#     normalizes each row in one pass (one block per row on a GPU), and its gradient is one
+#     op too: softmax_grad with the scale (masked entries have weight 0, so gradient 0; no
+#     mask in backward). Its rule (spmd/nn_rules.py) needs the keys whole and, with the causal
+#     mask, the queries too (a row's query index picks its mask); batch and head axes keep
+#     their sharding, so Megatron's head-split attention runs it with no communication.
+def _attention_softmax_kernel(scores, scale=1.0, causal=True, be=backend.NUMPY):
+    f = backend.kernels(be, "softmax")["attention_softmax_forward"]
+    return f(scores, scale, causal)
+
+
+_ATTENTION_SOFTMAX = Op(
+    "attention_softmax",
+    _attention_softmax_kernel,
+    rule="attention_softmax",
+    device=_with(_attention_softmax_kernel),
+)
+
+
+def attention_softmax(scores, scale: float, causal: bool = True):
+    """``softmax(where(mask, scores * scale, -inf), axis=-1)`` in one op (Note [Attention
+    scores]): ``scores`` of shape (..., queries, keys); ``mask`` lets query i see keys
+    j <= i (``np.tril`` of the last two axes, PyTorch's ``is_causal``) when ``causal``, every
+    key otherwise.
+
+    >>> import numpy as np
+    >>> attention_softmax(np.zeros((2, 2)), 0.5)
+    array([[1. , 0. ],
+           [0.5, 0.5]])
+    """
+    scores = _operand(scores)
+    if scores.ndim < 2:
+        raise ValueError(
+            f"attention_softmax: scores need two axes (queries, keys), got shape {scores.shape}"
+        )
+    return _ATTENTION_SOFTMAX(scores, scale=float(scale), causal=bool(causal))
 
 
 __all__ = ["cross_entropy", "embedding", "layer_norm"]

@@ -1,8 +1,10 @@
 """Reductions with numpy's ``axis`` (int, tuple, None) and ``keepdims``.
 
 A reduction over a sharded axis gives a Partial result with no communication (sum: sum, mean:
-avg, max/any: max, min/all: min); prod/argmax/argmin need the axis whole. var, std, logsumexp,
-softmax and log_softmax are written with the primitives, so they work on every placement.
+avg, max/any: max, min/all: min); prod/argmax/argmin need the axis whole. var and std are
+written with the primitives, so they work on every placement. softmax, log_softmax and
+logsumexp are one fused op each (kernels/softmax.py) where their axes are whole, and the
+composite of the primitives where a mesh dim splits them.
 
 >>> import numpy as np, disttensor as dt
 >>> mesh = dt.ProcessMesh([0])
@@ -19,6 +21,7 @@ from functools import partial
 
 import numpy as np
 
+from .. import backend
 from ..dispatch import KernelContext, Op
 from ..tensor import DistTensor, reshard
 from .elementwise import OPS as EW
@@ -213,9 +216,140 @@ def std(x, axis=None, ddof=0, keepdims=False):
     return EW["sqrt"](var(x, axis, ddof, keepdims))
 
 
-def logsumexp(x, axis=None, keepdims=False):
-    """``log(sum(exp(x)))`` computed stably (shifted by the max)."""
+# -- softmax, log_softmax, logsumexp: fused or composite -------------------------------------
+# As layer_norm and cross_entropy (Note [Fused or composite] in ops/nn.py): where no mesh dim
+# splits a reduced axis, one fused op runs the local kernel of kernels/softmax.py (CUDA on a
+# GPU), and its gradient is one fused op too; where one does, the composite of dt reductions
+# keeps the split and all-reduces only per-row statistics (the max, the sum of exponentials).
+# Several reduced axes (or axis=None) are moved last and merged into one for the kernel.
+def _splits(x, axes) -> bool:
+    """Whether a mesh dim (of more than one rank) splits one of ``axes`` of ``x``."""
+    if not isinstance(x, DistTensor):
+        return False
+    return builtins.any(
+        p.is_shard() and p.dim in axes and n > 1 for p, n in zip(x.placements, x.mesh.shape)
+    )
+
+
+def _rows(x, axes: tuple[int, ...], xp):
+    """``x`` with ``axes`` moved last and merged into one axis (the kernels' rows), and the
+    shape before the merge (to undo it: ``_unrows``)."""
+    k = len(axes)
+    if axes != tuple(range(x.ndim - k, x.ndim)):
+        x = xp.moveaxis(x, axes, tuple(range(-k, 0)))
+    if k == 1:
+        return x, x.shape
+    lead = x.shape[: x.ndim - k]
+    return x.reshape(lead + (math.prod(x.shape[x.ndim - k :]),)), x.shape
+
+
+def _unrows(y, axes: tuple[int, ...], shape: tuple[int, ...], xp):
+    """A full-size result of the rows back in the input's axis order (``_rows`` undone)."""
+    k = len(axes)
+    if k > 1:
+        y = y.reshape(shape)
+    if axes != tuple(range(y.ndim - k, y.ndim)):
+        y = xp.moveaxis(y, tuple(range(-k, 0)), axes)
+    return y
+
+
+def _kept_shape(shape: tuple[int, ...], axes: tuple[int, ...]) -> tuple[int, ...]:
+    """``shape`` with the reduced ``axes`` as 1 (a keepdims result's shape)."""
+    return tuple(1 if a in axes else n for a, n in enumerate(shape))
+
+
+def _along(f, arrays, axis, xp):
+    """``f`` of full-size ``arrays`` (the input, or the gradient and the output) over the rows
+    of ``axis``, its full-size result in the input's axis order; a 0-d array is one row of one
+    element."""
+    if arrays[0].ndim == 0:
+        return f(*arrays)
+    axes = _axes(axis, arrays[0].ndim)
+    rows = [_rows(a, axes, xp) for a in arrays]
+    return _unrows(f(*(r for r, _ in rows)), axes, rows[0][1], xp)
+
+
+def _row_kernel(name: str):
+    """The kernel of a fused op whose result has its inputs' shape (softmax, log_softmax,
+    log_softmax_grad)."""
+
+    def kernel(*arrays, axis=-1, be=backend.NUMPY):
+        return _along(backend.kernels(be, "softmax")[name], arrays, axis, be.xp)
+
+    return kernel
+
+
+def _softmax_grad_kernel(g, y, axis=-1, scale=1.0, be=backend.NUMPY):
+    """The gradient of softmax, and of the attention path (``scale``: Note [Attention
+    scores] in ops/nn.py), from the output ``y``."""
+    fns = backend.kernels(be, "softmax")
+    if scale == 1.0:
+        return _along(fns["softmax_backward"], (g, y), axis, be.xp)
+    f = partial(fns["attention_softmax_backward"], scale=scale)
+    return _along(f, (g, y), axis, be.xp)
+
+
+def _logsumexp_kernel(x, axis=None, keepdims=False, be=backend.NUMPY):
+    f = backend.kernels(be, "softmax")["logsumexp_forward"]
+    if x.ndim == 0:
+        return f(x)
+    axes = _axes(axis, x.ndim)
+    out = f(_rows(x, axes, be.xp)[0])
+    return out.reshape(_kept_shape(x.shape, axes)) if keepdims else out
+
+
+def _logsumexp_grad_kernel(g, x, out, axis=None, keepdims=False, be=backend.NUMPY):
+    """``g * exp(x - out)``: ``g`` and ``out`` of the forward's output shape."""
+    f = backend.kernels(be, "softmax")["logsumexp_backward"]
+    if x.ndim == 0:
+        return f(g, x, out)
+    axes = _axes(axis, x.ndim)
+    rows, shape = _rows(x, axes, be.xp)
+    lead = rows.shape[:-1]  # keepdims: drop the size-1 axes
+    return _unrows(f(g.reshape(lead), rows, out.reshape(lead)), axes, shape, be.xp)
+
+
+def _with(fn):
+    """The device kernel factory of a kernel taking the backend as ``be``."""
+    return lambda be: partial(fn, be=be)
+
+
+_FUSED = {
+    name: Op(name, kernel, rule=rule, device=_with(kernel))
+    for name, kernel, rule in (
+        ("softmax", _row_kernel("softmax_forward"), "softmax"),
+        ("log_softmax", _row_kernel("log_softmax_forward"), "log_softmax"),
+        ("logsumexp", _logsumexp_kernel, "logsumexp"),
+        ("softmax_grad", _softmax_grad_kernel, "softmax_grad"),
+        ("log_softmax_grad", _row_kernel("log_softmax_backward"), "log_softmax_grad"),
+        ("logsumexp_grad", _logsumexp_grad_kernel, "logsumexp_grad"),
+    )
+}
+# the gradients (ops/gradients.py): internal ops, not exported
+SOFTMAX_GRAD, LOG_SOFTMAX_GRAD = _FUSED["softmax_grad"], _FUSED["log_softmax_grad"]
+LOGSUMEXP_GRAD = _FUSED["logsumexp_grad"]
+
+
+def _fused_axis(x, axis):
+    """(``axis`` as the fused op takes it: an int, a tuple or None; whether a mesh dim splits
+    one of the reduced axes, so the composite runs). Raises AxisError as numpy does."""
     axis = _norm_axis(axis)
+    if isinstance(axis, tuple) and len(axis) == 1:
+        axis = axis[0]
+    axes = _axes(axis, builtins.max(x.ndim, 1))  # a 0-d x takes axis 0 or -1, as numpy's max
+    return axis, _splits(x, axes)
+
+
+def logsumexp(x, axis=None, keepdims=False):
+    """``log(sum(exp(x)))`` along ``axis``, shifted by the max for stability (by 0 where the
+    max is not finite: a row of -inf gives -inf, one with +inf +inf, one with NaN NaN).
+
+    One fused op, or the composite where a mesh dim splits a reduced axis (comment above).
+    """
+    x = _operand(x)
+    axis, split = _fused_axis(x, axis)
+    if not split:
+        return _FUSED["logsumexp"](x, axis=axis, keepdims=bool(keepdims))
     x = _resolved(x)  # not linear: a Partial is reduced once, here, not by each use below
     m = _shift(x, axis)
     m = EW["where"](EW["isfinite"](m), m, np.zeros((), m.dtype))
@@ -223,6 +357,11 @@ def logsumexp(x, axis=None, keepdims=False):
     if not keepdims:  # drop the size-1 axes: a max over them is a squeeze, and local
         s, m = max(s, axis), max(m, axis)
     return EW["add"](EW["log"](s), m)
+
+
+def _operand(a):
+    """DistTensors and device arrays as they are; anything else as a numpy array."""
+    return a if isinstance(a, DistTensor) or backend.is_device(a) else np.asarray(a)
 
 
 def _resolved(t):
@@ -240,14 +379,25 @@ def _shift(x, axis):
 
 
 def softmax(x, axis=-1):
-    """``exp(x) / sum(exp(x))`` along ``axis``, shifted by the max for stability."""
+    """``exp(x) / sum(exp(x))`` along ``axis``, shifted by the max for stability (a row whose
+    max is not finite is NaN). One fused op, or the composite where a mesh dim splits a
+    reduced axis (comment above)."""
+    x = _operand(x)
+    axis, split = _fused_axis(x, axis)
+    if not split:
+        return _FUSED["softmax"](x, axis=axis)
     x = _resolved(x)  # not linear: a Partial is reduced once, here, not by each use below
     e = EW["exp"](EW["subtract"](x, _shift(x, axis)))
     return EW["divide"](e, sum(e, axis, keepdims=True))
 
 
 def log_softmax(x, axis=-1):
-    """``x - logsumexp(x)`` along ``axis``."""
+    """``x - logsumexp(x)`` along ``axis``: one fused op, or the composite where a mesh dim
+    splits a reduced axis (comment above)."""
+    x = _operand(x)
+    axis, split = _fused_axis(x, axis)
+    if not split:
+        return _FUSED["log_softmax"](x, axis=axis)
     x = _resolved(x)
     return EW["subtract"](x, logsumexp(x, axis, keepdims=True))
 

@@ -1,18 +1,23 @@
-"""SPMD rules of the nn ops: softmax, log_softmax, layer_norm, cross_entropy, embedding, and
-take_labels (the label pick of a vocabulary-parallel cross entropy). All are einsum-core rules
-(core.py): one letter per tensor axis.
+"""SPMD rules of the nn ops: softmax, log_softmax, logsumexp, layer_norm, cross_entropy,
+embedding, take_labels (the label pick of a vocabulary-parallel cross entropy), the fused
+gradients (softmax_grad, log_softmax_grad, logsumexp_grad) and the attention score path
+(attention_softmax). All are einsum-core rules (core.py): one letter per tensor axis.
 
 Note [Row-wise rules]
-    softmax, log_softmax, layer_norm and cross_entropy normalize over some axes (the softmax
-    axis, the normalized axes, the class axis). A single local kernel needs those axes whole,
-    so they are unshardable letters (Replicate); the other axes keep their sharding, and Partial
-    inputs are resharded (none of these ops is linear). But dt.softmax is a composite of dt
-    reductions, and dt.layer_norm / dt.cross_entropy run the fused op only when nothing splits
-    those axes (Note [Fused or composite] in ops/nn.py): where a mesh dim splits them, the
-    composite keeps the split and all-reduces per-row statistics. The rules describe what
-    dispatch does, so ``infer_forward`` tells the truth: on such a mesh dim the split stays
-    (and cross_entropy's loss is Partial(sum), its labels Replicate); the other mesh dims
-    decide as the fused kernel's rule would (``_keep_split``).
+    softmax, log_softmax, logsumexp, layer_norm and cross_entropy normalize over some axes
+    (the softmax axes, the normalized axes, the class axis). A single local kernel needs those
+    axes whole, so they are unshardable letters (Replicate); the other axes keep their
+    sharding, and Partial inputs are resharded (none of these ops is linear). But each runs
+    its fused op only when nothing splits those axes (Note [Fused or composite] in ops/nn.py;
+    softmax, log_softmax and logsumexp in ops/reduction.py): where a mesh dim splits them, the
+    composite of dt reductions keeps the split and all-reduces per-row statistics. The rules
+    describe what dispatch does, so ``infer_forward`` tells the truth: on such a mesh dim the
+    split stays (logsumexp's output, which has no such axis, is Replicate there; cross
+    entropy's loss is Partial(sum), its labels Replicate); the other mesh dims decide as the
+    fused kernel's rule would (``_keep_split``). The fused gradients run only where their
+    forward op did, so their rules are the plain row-wise ones; they reshard a Partial
+    gradient too (softmax_grad is linear in it, but keeping it Partial would only leave the
+    gradient of the scores Partial for the matmuls before them to gather).
 
 Lookups are linear in the table they read from: embedding (``weight[ids]``) with the weight's
 rows split gives each rank the rows it owns and zeros elsewhere, so the output is Partial(sum)
@@ -90,14 +95,24 @@ def _keep_split(fused, mesh_shape, split: list[int], inputs, output) -> RuleResu
     return RuleResult(tuple(map(tuple, ins)), tuple(map(tuple, outs)), res.shapes)
 
 
+def _softmax_axes(x: TensorSpec, axis: Any, what: str) -> list[int]:
+    """The reduced axes of a softmax-like op: ``axis`` (an int, a sequence, or None: all);
+    a 0-d tensor has none (numpy's reductions take axis 0 or -1 there)."""
+    if axis is None:
+        return list(range(x.ndim))
+    axes = np.atleast_1d(axis).tolist()
+    if x.ndim == 0:
+        for a in axes:
+            normalize_axis(a, 1, what)
+        return []
+    return [normalize_axis(a, x.ndim, what) for a in axes]
+
+
 @register("softmax", "log_softmax")
 def softmax_rule(specs: Sequence[TensorSpec], mesh_shape, axis: Any = -1, **_) -> RuleResult:
     (x,) = specs
     letters = _letters(x.ndim)
-    if axis is None:
-        axes = range(x.ndim)
-    else:
-        axes = [normalize_axis(a, x.ndim, "softmax") for a in np.atleast_1d(axis).tolist()]
+    axes = _softmax_axes(x, axis, "softmax")
     whole = "".join(letters[a] for a in axes)
     split = _split_dims(x, axes, mesh_shape)
     if not split:
@@ -109,6 +124,70 @@ def softmax_rule(specs: Sequence[TensorSpec], mesh_shape, axis: Any = -1, **_) -
         [lambda m: x.placements[m]],
         lambda m: x.placements[m],
     )
+
+
+def _reduced_letters(x: TensorSpec, axis: Any, keepdims: bool) -> tuple[str, str, str]:
+    """(x's letters, the output's, the reduced ones) of a reduction over ``axis`` (with
+    ``keepdims`` the reduced axes stay, as letters of their own of length 1)."""
+    axes = _softmax_axes(x, axis, "logsumexp")
+    letters = _letters(x.ndim)
+    kept = "".join(
+        (c.upper() if keepdims else "") if i in axes else c for i, c in enumerate(letters)
+    )
+    return letters, kept, "".join(letters[a] for a in axes)
+
+
+@register("logsumexp")
+def logsumexp_rule(
+    specs: Sequence[TensorSpec], mesh_shape, axis: Any = None, keepdims: bool = False, **_
+) -> RuleResult:
+    """The reduced axes whole, the others keep their sharding; a split reduced axis stays
+    split (the composite), and the output is Replicate on that mesh dim."""
+    (x,) = specs
+    letters, kept, whole = _reduced_letters(x, axis, keepdims)
+    split = _split_dims(x, [letters.index(c) for c in whole], mesh_shape)
+
+    def fused(shape):
+        return _rowwise([letters], kept, specs, shape, whole)
+
+    if not split:
+        return fused(mesh_shape)
+    return _keep_split(fused, mesh_shape, split, [lambda m: x.placements[m]], lambda m: _R)
+
+
+@register("softmax_grad", "log_softmax_grad")
+def softmax_grad_rule(specs: Sequence[TensorSpec], mesh_shape, axis: Any = -1, **_) -> RuleResult:
+    """Inputs (the output's gradient, the output), of one shape; the softmax axes whole."""
+    g, y = specs
+    if g.shape != y.shape:
+        raise ValueError(f"softmax_grad: the gradient has shape {g.shape}, the output {y.shape}")
+    letters = _letters(y.ndim)
+    whole = "".join(letters[a] for a in _softmax_axes(y, axis, "softmax_grad"))
+    return _rowwise([letters, letters], letters, specs, mesh_shape, whole)
+
+
+@register("logsumexp_grad")
+def logsumexp_grad_rule(
+    specs: Sequence[TensorSpec], mesh_shape, axis: Any = None, keepdims: bool = False, **_
+) -> RuleResult:
+    """Inputs (the output's gradient, x, the output): ``g * exp(x - out)``, x's reduced axes
+    whole."""
+    x = specs[1]
+    letters, kept, whole = _reduced_letters(x, axis, keepdims)
+    return _rowwise([kept, letters, kept], letters, specs, mesh_shape, whole)
+
+
+@register("attention_softmax")
+def attention_softmax_rule(
+    specs: Sequence[TensorSpec], mesh_shape, causal: bool = True, **_
+) -> RuleResult:
+    """Scores (..., queries, keys): the keys whole, and the queries too when ``causal`` (the
+    mask needs each row's query index); batch and head axes keep their sharding."""
+    (s,) = specs
+    if s.ndim < 2:
+        raise ValueError(f"attention_softmax: scores need two axes, got shape {s.shape}")
+    letters = _letters(s.ndim)
+    return _rowwise([letters], letters, specs, mesh_shape, letters[-2:] if causal else letters[-1])
 
 
 @register("layer_norm")
