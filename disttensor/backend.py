@@ -204,7 +204,7 @@ def kernels(backend: Backend, name: str) -> dict[str, Callable[..., Any]]:
     return got
 
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # reentrant: a loader may ask for another backend's kernels
 
 
 def constant(like: Any, a: np.ndarray) -> Any:

@@ -84,7 +84,8 @@ def test_fused_kernel_and_its_composition_agree_on_the_emulator(name):
     from kernels.emulate import emulated_cupy
 
     emu = emulated_cupy()
-    cp = SimpleNamespace(**vars(emu), exp=np.exp, log=np.log, sqrt=np.sqrt, asnumpy=np.asarray)
+    cp = SimpleNamespace(**{**vars(emu), "exp": np.exp, "log": np.log, "sqrt": np.sqrt,
+                            "asnumpy": np.asarray})  # fmt: skip
     dims = {"adam_update": (300,)}.get(name, (3, 70) if name.startswith("bucket") else (5, 37))
     for dtype in (np.float32, np.float64):
         fused, composed = gpu.kernel_pair(cp, name, dims, dtype, np.random.default_rng(2))

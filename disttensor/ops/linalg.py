@@ -61,7 +61,8 @@ _EINSUM = Op(
     "einsum",
     _einsum,
     rule="einsum",
-    device=lambda be: lambda *ops, equation: be.xp.einsum(equation, *ops),
+    # the same contraction order on a device (optimize=True finds numpy's greedy path)
+    device=lambda be: lambda *ops, equation: be.xp.einsum(equation, *ops, optimize=len(ops) > 1),
 )
 _OUTER = Op("outer", np.outer, rule="outer", device="outer")
 OPS = {op.name: op for op in (_MATMUL, _DOT, _EINSUM, _OUTER, _LINEAR)}
