@@ -84,9 +84,30 @@ NOT_DIFFERENTIABLE: set[str] = set()
 SHAPE_ONLY: set[str] = set()
 
 
-def gradient(*names: str, reads_values: bool = True):
+# Note [What a node keeps]
+# A node holds what its gradient reads and nothing more, so an activation that no gradient
+# needs is freed as soon as the forward pass lets go of it (on a GPU, a transformer's
+# attention scores: batch x heads x time^2). Each gradient says what it reads (``reads``):
+# * "all" (the default): the arguments and the output;
+# * "inputs": the arguments (and ``ctx.extra``), not the output: the node keeps no output
+#   (matmul, linear, layer norm, gelu, ...);
+# * "output": the output (and the arguments' shapes, dtypes and layouts), not the arguments'
+#   values (softmax, attention scores, tanh, sigmoid, relu, exp, ...): the node keeps for
+#   each argument only a ``Shape`` of it, and for each input that is itself the result of a
+#   recorded op only an ``Edge`` (its producer and spec), so the input's data is not held;
+# * no values at all (``reads_values=False``: add, reshape, transpose, sum, ...): Shapes and
+#   Edges as for "output", and no output ("shapes").
+# An Edge also fixes the producer at record time: a later in-place write into the input
+# (which gives it a new producer) does not redirect this node's gradient.
+READS: dict[str, str] = {}  # op name -> "inputs", "output" or "shapes" ("all" where absent)
+
+
+def gradient(*names: str, reads_values: bool = True, reads: str = "all"):
     """Decorator: register the gradient function of the ops ``names``; ``reads_values=False``
-    when it uses no argument's or output's values (Note [Mutation and autograd])."""
+    when it uses no argument's or output's values (Note [Mutation and autograd]); ``reads``:
+    "all", "inputs" or "output", what it reads (Note [What a node keeps])."""
+    if reads not in ("all", "inputs", "output"):
+        raise ValueError(f"gradient: reads must be 'all', 'inputs' or 'output', got {reads!r}")
 
     def deco(fn):
         for name in names:
@@ -95,9 +116,62 @@ def gradient(*names: str, reads_values: bool = True):
             GRADIENTS[name] = fn
             if not reads_values:
                 SHAPE_ONLY.add(name)
+                READS[name] = "shapes"
+            elif reads != "all":
+                READS[name] = reads
         return fn
 
     return deco
+
+
+class Shape:
+    """What a node that reads its output keeps of an argument (Note [What a node keeps]):
+    its shape, dtype, number of axes and spec; a DistTensor's mesh and placements."""
+
+    __slots__ = ("_spec", "dtype", "ndim", "shape")
+
+    def __init__(self, a: Any) -> None:
+        self._spec = getattr(a, "_spec", None)
+        self.shape = tuple(a.shape)
+        self.dtype = a.dtype
+        self.ndim = len(self.shape)
+
+    @property
+    def mesh(self) -> Any:
+        return self._spec.mesh
+
+    @property
+    def placements(self) -> Any:
+        return self._spec.placements
+
+
+class Edge:
+    """What a node that reads its output keeps of an input made by a recorded op: the producer
+    (``_node``) and the spec, which is all backward needs of it (Note [What a node keeps])."""
+
+    __slots__ = ("_node", "_spec")
+    requires_grad = True
+
+    def __init__(self, t: Any) -> None:
+        self._node, self._spec = t._node, t._spec
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._spec.shape
+
+    @property
+    def dtype(self) -> Any:
+        return self._spec.dtype
+
+
+def _light(args: tuple, inputs: tuple) -> tuple[tuple, tuple]:
+    """(args, inputs) as an output-reading node keeps them: scalars and attributes as they
+    are, arrays and tensors as Shapes, inputs made by recorded ops as Edges (leaves stay:
+    backward stores their gradient)."""
+    DistTensor = _tensor_type()
+    arrays = backend.ARRAYS
+    light = tuple(Shape(a) if isinstance(a, DistTensor) or type(a) in arrays else a for a in args)
+    return light, tuple(t if t is None or t._node is None else Edge(t) for t in inputs)
 
 
 # Writes into local arrays (Note [Mutation and autograd] in ops/mutation.py): the root buffer
@@ -228,6 +302,11 @@ class GradContext:
     @property
     def out(self) -> Any:
         """The output (detached: a new DistTensor on the saved shard, so no reference cycle)."""
+        if self.saved is None:
+            raise RuntimeError(
+                f"internal error: the gradient of {getattr(self, 'name', 'an op')} reads its "
+                "output, which it declared it does not (Note [What a node keeps])"
+            )
         make = _tensor_type()
         if self.multi:
             return tuple(make(a, s) for a, s in zip(self.saved, self.out_specs))
@@ -304,6 +383,8 @@ def record_op(
         saved_args = args
     fn = GRADIENTS.get(name)  # None: backward refuses before computing anything (see _run)
     if type(out) is tuple:
+        if READS.get(name) in ("output", "shapes"):  # Note [What a node keeps]
+            saved_args, inputs = _light(saved_args, inputs)
         if any(o._spec.dtype.kind not in "fc" for o in out):  # integer/bool results: constants
             return
         specs = tuple(o._spec for o in out)
@@ -336,11 +417,16 @@ def record_one(
     node = _new_node(Node)
     node.name = name
     node.fn = fn
-    node.inputs = inputs
     node.out_specs = out_specs
-    node.args = args
     node.attrs = attrs
-    node.saved = out._local
+    reads = READS.get(name)  # Note [What a node keeps]
+    if reads is None:
+        node.inputs, node.args, node.saved = inputs, args, out._local
+    elif reads == "inputs":
+        node.inputs, node.args, node.saved = inputs, args, None
+    else:  # "output" or "shapes"
+        node.args, node.inputs = _light(args, inputs)
+        node.saved = out._local if reads == "output" else None
     node.multi = False
     node.extra = extra
     node.hooks = None

@@ -383,17 +383,19 @@ def test_graph_memory_is_freed_without_the_cyclic_collector():
         was = gc.isenabled()
         gc.disable()
         try:
-            h = dt.exp(x) * 2
-            ref = weakref.ref(h)
-            loss = h.sum()
-            del h
+            # e is an argument of the product, whose gradient reads it: the graph holds it
+            # (what a node keeps: tests/test_autograd.py's node-keeps tests)
+            e = dt.exp(x)
+            ref = weakref.ref(e)
+            loss = (e * x).sum()
+            del e
             alive_before = ref() is not None  # the graph holds it
             del loss  # a forward that is never backpropagated: freed by reference counts
             freed_unused = ref() is None
-            h = dt.exp(x) * 2
-            ref = weakref.ref(h)
-            loss = h.sum()
-            del h
+            e = dt.exp(x)
+            ref = weakref.ref(e)
+            loss = (e * x).sum()
+            del e
             loss.backward()  # backward frees the graph while the loss lives on
             freed_after_backward = ref() is None
         finally:
@@ -402,6 +404,79 @@ def test_graph_memory_is_freed_without_the_cyclic_collector():
         return alive_before, freed_unused, freed_after_backward
 
     assert on((2,), body) == (True, True, True)
+
+
+# Note [What a node keeps]: nodes hold what their gradient reads, nothing more
+def test_activations_no_gradient_reads_are_freed_during_the_forward_pass():
+    """A product's output feeding softmax, tanh, relu or a sum: the product's node keeps no
+    output, theirs keep only an Edge of it, so it is freed when the program drops it; the
+    gradients are unchanged."""
+    import weakref
+
+    def body(mesh):
+        freed, grads = [], []
+        for f in (lambda s: dt.softmax(s, axis=-1), dt.tanh, dt.relu, dt.exp,
+                  lambda s: s.sum() * 1.0):  # fmt: skip
+            x = leaf(mesh)
+            s = x @ np.ones((A.shape[1], 4))
+            ref = weakref.ref(s._local)
+            y = f(s)
+            del s
+            freed.append(ref() is None)
+            (y * 1.5).sum().backward()
+            grads.append(x.grad.numpy())
+        return freed, grads
+
+    freed, grads = on((2,), body)
+    assert freed == [True] * 5
+    w = np.ones((A.shape[1], 4))
+    s = A @ w
+    e = np.exp(s - s.max(-1, keepdims=True))
+    p = e / e.sum(-1, keepdims=True)
+    want = [
+        (1.5 * p * (1 - p.sum(-1, keepdims=True))) @ w.T,  # softmax rows sum to 1: zero
+        (1.5 * (1 - np.tanh(s) ** 2)) @ w.T,
+        (1.5 * (s > 0)) @ w.T,
+        (1.5 * np.exp(s)) @ w.T,
+        np.full_like(A, 1.5 * 4),
+    ]
+    for got, exp in zip(grads, want):
+        np.testing.assert_allclose(got, exp, rtol=1e-12, atol=1e-12)
+
+
+def test_a_write_after_an_output_reading_op_leaves_its_gradient_alone():
+    """exp reads its output, so writing into its input afterwards (under no_grad: a write
+    into a tensor that requires a gradient is refused otherwise) changes nothing, and is not
+    refused as a write into a saved tensor would be: the gradient reaches the input's
+    producer at the time of use (PyTorch's answer too)."""
+
+    def body(mesh):
+        x = leaf(mesh)
+        h = x * 2
+        y = dt.exp(h)
+        with dt.no_grad():
+            h += 1
+        y.sum().backward()
+        return x.grad.numpy()
+
+    np.testing.assert_allclose(on((2,), body), 2 * np.exp(2 * A), rtol=1e-12)
+
+
+def test_a_node_that_keeps_no_output_refuses_to_read_it():
+    from disttensor import autograd
+
+    def body(mesh):
+        x = leaf(mesh)
+        y = x @ np.ones((A.shape[1], 2))
+        node = y._node[0]
+        assert node.saved is None and autograd.READS["matmul"] == "inputs"
+        try:
+            _ = node.out
+        except RuntimeError as e:
+            return str(e)
+        return "no error"
+
+    assert "reads its output, which it declared it does not" in on((1,), body)
 
 
 def test_a_missing_gradient_refuses_before_any_gradient_is_stored():

@@ -115,22 +115,30 @@ _UNARY = {  # d out / d x from (x, out)
 }
 
 
+# the derivatives above written in the output alone, and in both (the rest: the input alone);
+# Note [What a node keeps]
+_OF_OUTPUT = {"exp", "expm1", "sqrt", "reciprocal", "tan"}
+_OF_BOTH = {"rsqrt"}
+
+
 def _unary(name: str):
     deriv = _UNARY[name]
+    of_output = name in _OF_OUTPUT or name in _OF_BOTH
 
     def grad(ctx: GradContext, g):
-        return (mul(g, deriv(ctx.args[0], ctx.out)),)
+        return (mul(g, deriv(ctx.args[0], ctx.out if of_output else None)),)
 
     return grad
 
 
 for _name in _UNARY:
-    gradient(_name)(_unary(_name))
+    _reads = "output" if _name in _OF_OUTPUT else "all" if _name in _OF_BOTH else "inputs"
+    gradient(_name, reads=_reads)(_unary(_name))
 
 
 def _fused_unary(name: str, of_output: bool):
     """The gradient as one fused op (kernels/activations.py) instead of several: written in
-    the op's output (tanh, sigmoid) or its input (relu, gelu, silu)."""
+    the op's output (tanh, sigmoid, relu) or its input (gelu, silu)."""
     op = GRAD_OPS[f"{name}_grad"]
 
     def grad(ctx: GradContext, g):
@@ -139,10 +147,12 @@ def _fused_unary(name: str, of_output: bool):
     return grad
 
 
-for _name in ("tanh", "sigmoid"):
-    gradient(_name)(_fused_unary(_name, of_output=True))
-for _name in ("relu", "gelu", "silu"):
-    gradient(_name)(_fused_unary(_name, of_output=False))
+# relu's gradient reads its output: relu(x) > 0 exactly where x > 0 (NaN in both: not > 0),
+# so the node keeps the output, not the input (Note [What a node keeps])
+for _name in ("tanh", "sigmoid", "relu"):
+    gradient(_name, reads="output")(_fused_unary(_name, of_output=True))
+for _name in ("gelu", "silu"):
+    gradient(_name, reads="inputs")(_fused_unary(_name, of_output=False))
 
 
 @gradient("tanh_grad")
@@ -217,7 +227,7 @@ def _subtract(ctx, g):
     return _binary(ctx, lambda: g, lambda: -g)
 
 
-@gradient("multiply")
+@gradient("multiply", reads="inputs")
 def _multiply(ctx, g):
     x, y = ctx.args[:2]
     ins = ctx.inputs
@@ -288,7 +298,7 @@ def _arctan2(ctx, g):
     return _binary(ctx, lambda: div(mul(g, x), r2), lambda: -div(mul(g, y), r2))
 
 
-@gradient("where")
+@gradient("where", reads="inputs")
 def _where(ctx, g):
     c, x, y = ctx.args
     return (
@@ -298,7 +308,7 @@ def _where(ctx, g):
     )
 
 
-@gradient("clip")
+@gradient("clip", reads="inputs")
 def _clip(ctx, g):
     """clip = minimum(maximum(x, lo), hi): x gets g inside the bounds, a bound where it won."""
     x, lo, hi = ctx.args
@@ -322,7 +332,7 @@ def _astype(ctx, g):
 
 
 # -- linalg ----------------------------------------------------------------------------------
-@gradient("matmul")
+@gradient("matmul", reads="inputs")
 def _matmul(ctx, g):
     attrs = ctx.attrs
     x, y = ctx.args
@@ -369,7 +379,7 @@ def _matmul_grads(x, y, g, need_x: bool, need_y: bool, trans_x: bool, trans_y: b
     return gx, gy
 
 
-@gradient("linear")
+@gradient("linear", reads="inputs")
 def _linear(ctx, g):
     """x @ w + b: matmul's gradients, and g summed over every axis but the last for b."""
     x, w, b = ctx.args
@@ -419,12 +429,12 @@ def _einsum_grads(equation: str, args: tuple, needs, g):
     return grads
 
 
-@gradient("einsum")
+@gradient("einsum", reads="inputs")
 def _einsum(ctx, g):
     return _einsum_grads(ctx.attrs["equation"], ctx.args, ctx.needs, g)
 
 
-@gradient("dot")
+@gradient("dot", reads="inputs")
 def _dot(ctx, g):
     x, y = ctx.args
     nx, ny = len(_shape(x)), len(_shape(y))
@@ -441,7 +451,7 @@ def _dot(ctx, g):
     return _einsum_grads(eq, ctx.args, ctx.needs, g)
 
 
-@gradient("outer")
+@gradient("outer", reads="inputs")
 def _outer(ctx, g):
     x, y = ctx.args
     fx, fy = sh.ravel(x), sh.ravel(y)
@@ -624,7 +634,7 @@ def _saved(ctx, spec: DistSpec) -> tuple:
     return tuple(DistTensor(xp.empty(spec.local_shape(None), spec.dtype), spec) for _ in (0, 1))
 
 
-@gradient("layer_norm")
+@gradient("layer_norm", reads="inputs")
 def _layer_norm(ctx, g):
     """The fused op's gradient: one fused kernel from the forward's row mean and rstd (its
     normalized axes are whole, so their statistics are local)."""
@@ -643,7 +653,7 @@ def _layer_norm(ctx, g):
     return found.get("x"), found.get("w"), found.get("b")
 
 
-@gradient("embedding")
+@gradient("embedding", reads="inputs")
 def _embedding(ctx, g):
     ids, w = ctx.args
     if not ctx.needs[1]:
@@ -668,7 +678,7 @@ def _onehot(labels, axis: int, classes: int, ndim: int):
     )
 
 
-@gradient("cross_entropy")
+@gradient("cross_entropy", reads="inputs")
 def _cross_entropy(ctx, g):
     """One fused kernel from the forward's row shift and sum of exponentials."""
     logits, labels = ctx.args
@@ -678,7 +688,7 @@ def _cross_entropy(ctx, g):
     return nn.CROSS_ENTROPY_GRAD(logits, labels, shift, sum_exp, g, axis=ctx.attrs["axis"]), None
 
 
-@gradient("take_labels")
+@gradient("take_labels", reads="inputs")
 def _take_labels(ctx, g):
     x, labels = ctx.args
     axis = ctx.attrs["axis"]
@@ -689,17 +699,17 @@ def _take_labels(ctx, g):
 # -- softmax, log_softmax, logsumexp (ops/reduction.py), attention_softmax (ops/nn.py) ---------
 # The fused ops' gradients are one fused op each, from the forward's output (and input, for
 # logsumexp); the gradients of those are written with dt ops.
-@gradient("softmax")
+@gradient("softmax", reads="output")
 def _softmax(ctx, g):
     return (red.SOFTMAX_GRAD(g, ctx.out, axis=ctx.attrs.get("axis", -1)),)
 
 
-@gradient("attention_softmax")
+@gradient("attention_softmax", reads="output")
 def _attention_softmax(ctx, g):  # Note [Attention scores] in ops/nn.py
     return (red.SOFTMAX_GRAD(g, ctx.out, axis=-1, scale=ctx.attrs.get("scale", 1.0)),)
 
 
-@gradient("log_softmax")
+@gradient("log_softmax", reads="output")
 def _log_softmax(ctx, g):
     return (red.LOG_SOFTMAX_GRAD(g, ctx.out, axis=ctx.attrs.get("axis", -1)),)
 
