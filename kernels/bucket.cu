@@ -38,6 +38,12 @@ __device__ void bucket_unpack(const T* buffer, const long long* offsets,
     }
 }
 
+// A scaled copy of the whole buffer (unpacking into new memory: the members are views of it).
+template <typename T>
+__device__ void bucket_copy(T* out, const T* buffer, long long n, T scale) {
+    GRID_STRIDE(i, n) out[i] = scaled(buffer[i], scale);
+}
+
 // In place, for views into the buffer: buffer[i] *= scale.
 template <typename T>
 __device__ void bucket_scale(T* buffer, long long n, T scale) {
@@ -57,6 +63,10 @@ __device__ void bucket_scale(T* buffer, long long n, T scale) {
     }                                                                                        \
     extern "C" __global__ void bucket_scale_##SUFFIX(T* buffer, long long n, T scale) {     \
         bucket_scale<T>(buffer, n, scale);                                                   \
+    }                                                                                        \
+    extern "C" __global__ void bucket_copy_##SUFFIX(T* out, const T* buffer, long long n,   \
+                                                    T scale) {                               \
+        bucket_copy<T>(out, buffer, n, scale);                                               \
     }
 
 BUCKET_ENTRIES(f32, float)

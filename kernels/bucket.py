@@ -122,6 +122,7 @@ def load(cupy: Any) -> dict[str, Callable[..., Any]]:
     >>> load(cupy)["bucket_pack"](grads, buffer, bucket_offsets(shapes))  # doctest: +SKIP
     """
     module = _cuda.build(cupy, SOURCE)
+    array = cupy.ndarray
 
     def launch(name: str, offsets: np.ndarray, args: tuple) -> None:
         members = len(offsets) - 1
@@ -139,10 +140,14 @@ def load(cupy: Any) -> dict[str, Callable[..., Any]]:
         _cuda.contiguous(cupy, "bucket_pack", buffer=buffer)
         sfx = _cuda.suffix(buffer.dtype, "bucket_pack")
         offsets = _check(_sizes(arrays), buffer, offsets, "bucket_pack")
-        # contiguous sources of the buffer's dtype (a copy only where one is not); they stay
-        # referenced until the launch is queued, and CuPy's pool reuses memory in stream order
+        # contiguous sources of the buffer's dtype (a copy only where one is not: the common
+        # case costs no call per member); they stay referenced until the launch is queued,
+        # and CuPy's pool reuses memory in stream order
+        dtype = buffer.dtype
         sources = [
-            None if a is None else cupy.ascontiguousarray(cupy.asarray(a, buffer.dtype))
+            a
+            if a is None or (type(a) is array and a.dtype == dtype and a.flags.c_contiguous)
+            else cupy.ascontiguousarray(cupy.asarray(a, dtype))
             for a in arrays
         ]
         args = (addresses(sources), cupy.asarray(offsets), np.int64(len(sources)), buffer)
@@ -156,11 +161,13 @@ def load(cupy: Any) -> dict[str, Callable[..., Any]]:
         shapes = [tuple(s) for s in shapes]
         offsets = _check(_sizes(shapes), buffer, offsets, "bucket_unpack")
         scale_t = buffer.dtype.type(scale)
-        if copy:
-            out = [cupy.empty(s, buffer.dtype) for s in shapes]
-            args = (buffer, cupy.asarray(offsets), addresses(out), np.int64(len(out)), scale_t)
-            launch("bucket_unpack_" + sfx, offsets, args)
-            return out
+        if copy:  # one new buffer and one launch; the members are views of it
+            flat = cupy.empty(buffer.size, buffer.dtype)
+            if buffer.size:
+                args = (flat, buffer, np.int64(buffer.size), scale_t)
+                copy_fn = module.get_function("bucket_copy_" + sfx)
+                copy_fn((_cuda.blocks(buffer.size),), (_cuda.THREADS,), args)
+            return [flat[a:b].reshape(s) for s, a, b in zip(shapes, offsets[:-1], offsets[1:])]
         if scale != 1 and buffer.size:
             scale_fn = module.get_function("bucket_scale_" + sfx)
             args = (buffer, np.int64(buffer.size), scale_t)
