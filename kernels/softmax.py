@@ -30,6 +30,7 @@ array([0.69314718, 1.        ])
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import math
 from collections.abc import Callable
@@ -37,9 +38,10 @@ from typing import Any
 
 import numpy as np
 
-from . import _cuda
+from . import _cuda, _host
 
 SOURCE = "softmax.cu"
+HOST_SOURCE = "softmax.c"
 WARP_COLS = 1024  # rows up to this long run a warp each (WARP_COLS in softmax.cu)
 WARP_PER = (4, 8, 16, 32)  # columns per lane of the warp entries <name>_w<PER>_<f32|f64>
 WARP_THREADS = 128  # threads of a block of such warps: four rows at a time
@@ -235,6 +237,165 @@ REFERENCES: dict[str, Callable[..., Any]] = {
     "attention_softmax_forward": attention_softmax_forward,
     "attention_softmax_backward": attention_softmax_backward,
 }
+
+
+def _rows_cols(a: np.ndarray) -> tuple[int, int]:
+    """(rows, cols) of ``a`` as the kernels see it: a 0-d array is one row of one."""
+    return (math.prod(a.shape[:-1]), a.shape[-1]) if a.ndim else (1, 1)
+
+
+def _contiguous(a: np.ndarray) -> np.ndarray:
+    """``a`` C-contiguous (a copy where it is not; a 0-d array stays 0-d)."""
+    return a if a.flags.c_contiguous else np.ascontiguousarray(a)
+
+
+def _per_row(a: np.ndarray, dtype: np.dtype, rows: tuple[int, ...]) -> bool:
+    """Whether ``a`` is a plain array of ``dtype`` that broadcasts to the ``rows`` shape."""
+    if type(a) is not np.ndarray or a.dtype != dtype:
+        return False
+    try:
+        return np.broadcast_shapes(a.shape, rows) == rows
+    except ValueError:
+        return False
+
+
+def load_host() -> dict[str, Callable[..., Any]]:
+    """Compiled versions of ``REFERENCES`` on the host (softmax.c; Note [Host kernels] in
+    kernels/_host.py) where the host kernels are built, else nothing (the references run).
+
+    They take plain ndarrays of float32 or float64 (integers and bools as float64, as the
+    references compute them), any layout (copied C-contiguous), the arrays of a call in one
+    dtype; anything else (float16, subclasses, mixed dtypes, shapes that broadcast) goes to
+    the reference. Results are the references' to float rounding (exp is host.h's, within
+    1 ulp; sums add in lanes; softmax multiplies by 1 / sum where the reference divides),
+    with the same entries NaN, infinite or 0 (Note [Softmax of odd rows]); a causal row's sum
+    skips its masked columns rather than adding their zeros.
+    """
+    lib = _host.library()
+    if lib is None:
+        return {}
+    P, N, F, B = ctypes.c_void_p, ctypes.c_longlong, ctypes.c_double, ctypes.c_int
+    signatures = {  # every entry: (inputs..., rows, cols, [scalars...], out)
+        "softmax_forward": [P, N, N, P],
+        "softmax_backward": [P, P, N, N, P],
+        "log_softmax_forward": [P, N, N, P],
+        "log_softmax_backward": [P, P, N, N, P],
+        "logsumexp_forward": [P, N, N, P],
+        "logsumexp_backward": [P, P, P, N, N, P],
+        "attention_softmax_forward": [P, N, N, F, B, N, P],
+        "attention_softmax_backward": [P, P, N, N, F, P],
+    }
+    entries: dict[np.dtype, dict[str, Any]] = {}
+    for dtype, sfx in ((np.float32, "f32"), (np.float64, "f64")):
+        fns = entries[np.dtype(dtype)] = {}
+        for name, argtypes in signatures.items():
+            f = getattr(lib, f"{name}_{sfx}")
+            f.argtypes, f.restype = argtypes, None
+            fns[name] = f
+    ptr = _host.pointer
+
+    def take(x: np.ndarray) -> dict[str, Any] | None:
+        """The compiled entries for ``x``, or None where the reference must run."""
+        return entries.get(x.dtype) if type(x) is np.ndarray else None
+
+    def pair(g: Any, y: Any) -> tuple[np.ndarray, np.ndarray, dict[str, Any] | None]:
+        """(g, y, the entries where both are plain arrays of one dtype and shape, else None)."""
+        g, y = np.asanyarray(g), np.asanyarray(y)
+        fns = take(y)
+        if fns is None or type(g) is not np.ndarray or g.dtype != y.dtype or g.shape != y.shape:
+            return g, y, None
+        return _contiguous(g), _contiguous(y), fns
+
+    def rowwise(name: str, x: Any) -> np.ndarray:
+        """The entry ``name`` of one full-size input and output (its reference for inputs it
+        does not take)."""
+        x = _floating(x, name)
+        fns = take(x)
+        if fns is None:
+            return REFERENCES[name](x)
+        x = _contiguous(x)
+        y = np.empty(x.shape, x.dtype)
+        fns[name](ptr(x), *_rows_cols(x), ptr(y))
+        return y
+
+    def rowwise_grad(name: str, g: Any, y: Any, *scale: float) -> np.ndarray:
+        g, y, fns = pair(g, y)
+        if fns is None:
+            return REFERENCES[name](g, y, *scale)
+        dx = np.empty(y.shape, y.dtype)
+        fns[name](ptr(g), ptr(y), *_rows_cols(y), *scale, ptr(dx))
+        return dx
+
+    @functools.wraps(softmax_forward)
+    def softmax_fwd(x):
+        return rowwise("softmax_forward", x)
+
+    @functools.wraps(softmax_backward)
+    def softmax_bwd(g, y):
+        return rowwise_grad("softmax_backward", g, y)
+
+    @functools.wraps(log_softmax_forward)
+    def log_softmax_fwd(x):
+        return rowwise("log_softmax_forward", x)
+
+    @functools.wraps(log_softmax_backward)
+    def log_softmax_bwd(g, y):
+        return rowwise_grad("log_softmax_backward", g, y)
+
+    @functools.wraps(logsumexp_forward)
+    def logsumexp_fwd(x):
+        x = _floating(x, "logsumexp_forward")
+        fns = take(x)
+        if fns is None:
+            return logsumexp_forward(x)
+        x = _contiguous(x)
+        out = np.empty(x.shape[:-1], x.dtype)
+        fns["logsumexp_forward"](ptr(x), *_rows_cols(x), ptr(out))
+        return out
+
+    @functools.wraps(logsumexp_backward)
+    def logsumexp_bwd(g, x, out):
+        x = _floating(x, "logsumexp_backward")
+        g, out = np.asanyarray(g), np.asanyarray(out)
+        fns = take(x)
+        rows = x.shape[:-1]
+        if fns is None or not all(_per_row(a, x.dtype, rows) for a in (g, out)):
+            return logsumexp_backward(g, x, out)
+        g, out = (np.ascontiguousarray(np.broadcast_to(a, rows)).reshape(rows) for a in (g, out))
+        x = _contiguous(x)
+        dx = np.empty(x.shape, x.dtype)
+        fns["logsumexp_backward"](ptr(g), ptr(x), ptr(out), *_rows_cols(x), ptr(dx))
+        return dx
+
+    @functools.wraps(attention_softmax_forward)
+    def attention_fwd(s, scale, causal):
+        s = _floating(s, "attention_softmax_forward")
+        _check_scores(s, "attention_softmax_forward")
+        fns = take(s)
+        if fns is None:
+            return attention_softmax_forward(s, scale, causal)
+        s = _contiguous(s)
+        y = np.empty(s.shape, s.dtype)
+        rows, cols = _rows_cols(s)
+        n_q = s.shape[-2] if causal else 1
+        fns["attention_softmax_forward"](ptr(s), rows, cols, float(scale), bool(causal),
+                                         max(n_q, 1), ptr(y))  # fmt: skip
+        return y
+
+    @functools.wraps(attention_softmax_backward)
+    def attention_bwd(g, y, scale):
+        return rowwise_grad("attention_softmax_backward", g, y, float(scale))
+
+    return {
+        "softmax_forward": softmax_fwd,
+        "softmax_backward": softmax_bwd,
+        "log_softmax_forward": log_softmax_fwd,
+        "log_softmax_backward": log_softmax_bwd,
+        "logsumexp_forward": logsumexp_fwd,
+        "logsumexp_backward": logsumexp_bwd,
+        "attention_softmax_forward": attention_fwd,
+        "attention_softmax_backward": attention_bwd,
+    }
 
 
 def load(cupy: Any) -> dict[str, Callable[..., Any]]:

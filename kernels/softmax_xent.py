@@ -26,15 +26,18 @@ array([1.38629436, 1.38629436])
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import math
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from . import _cuda
+from . import _cuda, _host
 
 SOURCE = "softmax_xent.cu"
+HOST_SOURCE = "softmax_xent.c"
 
 
 def _as_float(logits: Any) -> np.ndarray:
@@ -161,6 +164,97 @@ REFERENCES: dict[str, Callable[..., Any]] = {
     "xent_backward": xent_backward,
     "row_shift": row_shift,
 }
+
+
+def load_host() -> dict[str, Callable[..., Any]]:
+    """Compiled versions of ``xent_forward``, ``xent_backward`` and ``xent_local_sum_exp`` on
+    the host (softmax_xent.c; Note [Host kernels] in kernels/_host.py) where the host kernels
+    are built, else nothing (the references run; ``xent_local_max`` and ``row_shift``, with
+    no exp, are theirs anyway).
+
+    They take logits of float32 or float64 (integers as float64, as the references compute
+    them) in any layout (copied C-contiguous); the labels are checked here by
+    ``check_labels``, with the reference's errors, and the per-row arguments converted to the
+    logits' dtype and broadcast to the rows as the reference does. Other dtypes and per-row
+    arguments that do not broadcast to the rows go to the reference. Results are the
+    references' to float rounding (host.h's exp, sums in lanes), NaN, infinite and 0 where
+    theirs are.
+    """
+    lib = _host.library()
+    if lib is None:
+        return {}
+    P, N = ctypes.c_void_p, ctypes.c_longlong
+    signatures = {
+        "xent_forward": [P, P, N, N, P, P, P],
+        "xent_local_sum_exp": [P, N, N, P, P],
+        "xent_backward": [P, P, N, N, P, P, P, P],
+    }
+    entries: dict[np.dtype, dict[str, Any]] = {}
+    for dtype, sfx in ((np.float32, "f32"), (np.float64, "f64")):
+        fns = entries[np.dtype(dtype)] = {}
+        for name, argtypes in signatures.items():
+            f = getattr(lib, f"{name}_{sfx}")
+            f.argtypes, f.restype = argtypes, None
+            fns[name] = f
+    ptr = _host.pointer
+
+    def per_row(a: Any, x: np.ndarray) -> np.ndarray | None:
+        """``a`` in ``x``'s dtype, one C-contiguous value per row, as the reference reads
+        it; None where it does not broadcast to the rows (the reference then says why)."""
+        rows = x.shape[:-1]
+        try:
+            a = np.broadcast_to(np.asarray(a, x.dtype), rows)
+        except ValueError:
+            return None
+        return np.ascontiguousarray(a).reshape(rows)
+
+    @functools.wraps(xent_forward)
+    def forward(logits, labels):
+        x = _as_float(logits)
+        fns = entries.get(x.dtype)
+        if fns is None:
+            return xent_forward(x, labels)
+        labels = np.ascontiguousarray(check_labels(labels, x.shape[-1], x.shape[:-1]))
+        x = np.ascontiguousarray(x)
+        loss, shift, sum_exp = (np.empty(x.shape[:-1], x.dtype) for _ in range(3))
+        fns["xent_forward"](ptr(x), ptr(labels), math.prod(x.shape[:-1]), x.shape[-1],
+                            ptr(loss), ptr(shift), ptr(sum_exp))  # fmt: skip
+        return loss, shift, sum_exp
+
+    @functools.wraps(xent_local_sum_exp)
+    def local_sum_exp(block, shift):
+        x = _as_float(block)
+        fns = entries.get(x.dtype)
+        rows_shift = None if fns is None else per_row(shift, x)
+        if rows_shift is None:
+            return xent_local_sum_exp(x, shift)
+        x = np.ascontiguousarray(x)
+        out = np.empty(x.shape[:-1], x.dtype)
+        fns["xent_local_sum_exp"](ptr(x), math.prod(x.shape[:-1]), x.shape[-1],
+                                  ptr(rows_shift), ptr(out))  # fmt: skip
+        return out
+
+    @functools.wraps(xent_backward)
+    def backward(logits, labels, shift, sum_exp, grad_loss, start=0, classes=None):
+        x = _as_float(logits)
+        fns = entries.get(x.dtype)
+        stats = None if fns is None else [per_row(a, x) for a in (shift, sum_exp, grad_loss)]
+        if stats is None or any(a is None for a in stats):
+            return xent_backward(x, labels, shift, sum_exp, grad_loss, start, classes)
+        cols = x.shape[-1]
+        labels = check_labels(labels, cols if classes is None else classes, x.shape[:-1])
+        column = np.ascontiguousarray(labels - start, np.int64)
+        x = np.ascontiguousarray(x)
+        dx = np.empty(x.shape, x.dtype)
+        fns["xent_backward"](ptr(x), ptr(column), math.prod(x.shape[:-1]), cols,
+                             *(ptr(a) for a in stats), ptr(dx))  # fmt: skip
+        return dx
+
+    return {
+        "xent_forward": forward,
+        "xent_local_sum_exp": local_sum_exp,
+        "xent_backward": backward,
+    }
 
 
 def load(cupy: Any) -> dict[str, Callable[..., Any]]:

@@ -17,9 +17,10 @@ signatures: it takes numpy's parameters, so code must keep to the parameters CuP
 
 ``install()`` registers it through disttensor's seam exactly as CuPy is registered
 (disttensor/backend.py: a ``Backend`` for the array type, and the device name "fake" for
-``dt.set_device``); library code has no case for it. The fused kernels are the host's (the
-numpy references, or the compiled host kernels) run on the storage (what the GPU path calls
-``kernels.<name>.load(cupy)`` for).
+``dt.set_device``); library code has no case for it. The fused kernels are the host's run on
+the storage (what the GPU path calls ``kernels.<name>.load(cupy)`` for): the numpy references,
+or the compiled ones where the host has them (Note [Host kernels] in kernels/_host.py), so the
+stand-in's results stay the host's bit for bit.
 
 >>> be = install()
 >>> x = MODULE.asarray([1.0, 2.0])
@@ -310,11 +311,8 @@ MODULE = SimpleNamespace(
 
 # -- registration through disttensor's seam ------------------------------------------------------
 def _kernels(name: str) -> dict[str, Any]:
-    """The host's functions of kernel ``name`` (the numpy references, or the compiled host
-    kernels where they are built: what numpy shards run, so the stand-in computes the host's
-    bits) on the storage: device arrays in and out, host arguments (offsets, scalars) as they
-    are."""
-    from disttensor import backend
+    """The host's functions of kernel ``name`` (disttensor.backend.NUMPY's) on the storage:
+    device arrays in and out, host arguments (offsets, scalars) as they are."""
 
     def on_storage(f):
         def call(*args, **kwargs):
@@ -323,7 +321,7 @@ def _kernels(name: str) -> dict[str, Any]:
         call.__name__ = f.__name__
         return call
 
-    return {n: on_storage(f) for n, f in backend.kernels(backend.NUMPY, name).items()}
+    return {n: on_storage(f) for n, f in backend.NUMPY.load(name).items()}
 
 
 def _host_ok(v: Any) -> Any:
