@@ -19,6 +19,7 @@ import subprocess
 from importlib import resources
 from types import SimpleNamespace
 
+import kernel_devices
 import numpy as np
 import pytest
 
@@ -28,7 +29,6 @@ from disttensor.parallel.buckets import Bucket, Reducer
 from kernels import KERNELS, adam, bucket
 from kernels import layer_norm as ln
 from kernels import softmax_xent as sx
-from kernels.emulate import emulated_cupy
 
 SIZES = (1, 7, 33, 1000, 1025)  # not multiples of a warp, a block, or each other
 DTYPES = (np.float32, np.float64)
@@ -493,21 +493,10 @@ def test_cuda_source_compiles_for_sm80_and_sm90(nvcc_build, name):
 
 
 # -- the CUDA kernels against their references: GPU and CPU emulation ----------------------------
-@pytest.fixture(scope="module", params=["emulated", "gpu"])
+@pytest.fixture(scope="module", params=kernel_devices.PARAMS)
 def device(request):
     """The loaders' functions on a backend, with ``put`` (host to device) and ``get``."""
-    if request.param == "gpu":
-        cupy = pytest.importorskip("cupy", reason="CuPy is not installed: no GPU run")
-        try:
-            if cupy.cuda.runtime.getDeviceCount() < 1:
-                pytest.skip("CuPy finds no CUDA device")
-        except cupy.cuda.runtime.CUDARuntimeError as e:
-            pytest.skip(f"CuPy finds no CUDA device: {e}")
-        cp = cupy
-    else:
-        if shutil.which("g++") is None:
-            pytest.skip("g++ not found: the CPU emulation of the CUDA kernels is not run")
-        cp = emulated_cupy()
+    cp = kernel_devices.array_module(request)
     fns = {"put": cp.asarray, "get": lambda a: a.get()}
     for k in KERNELS.values():
         fns.update(k.load(cp))

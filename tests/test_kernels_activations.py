@@ -12,10 +12,10 @@ by tests/test_kernels.py, which covers every entry of kernels.KERNELS.
 from __future__ import annotations
 
 import math
-import shutil
 import warnings
 from types import SimpleNamespace
 
+import kernel_devices
 import numpy as np
 import pytest
 from precision import assert_float32_only
@@ -23,7 +23,6 @@ from precision import assert_float32_only
 import disttensor as dt
 from kernels import KERNELS
 from kernels import activations as act
-from kernels.emulate import emulated_cupy
 
 C = math.sqrt(2 / math.pi)
 F32, F64 = np.float32, np.float64
@@ -260,21 +259,10 @@ def test_lists_and_scalars():
 
 
 # -- the CUDA kernels: GPU and CPU emulation -------------------------------------------------------
-@pytest.fixture(scope="module", params=["emulated", "gpu"])
+@pytest.fixture(scope="module", params=kernel_devices.PARAMS)
 def device(request):
     """The loader's functions on a backend, with ``put`` (host to device) and ``get``."""
-    if request.param == "gpu":
-        cupy = pytest.importorskip("cupy", reason="CuPy is not installed: no GPU run")
-        try:
-            if cupy.cuda.runtime.getDeviceCount() < 1:
-                pytest.skip("CuPy finds no CUDA device")
-        except cupy.cuda.runtime.CUDARuntimeError as e:
-            pytest.skip(f"CuPy finds no CUDA device: {e}")
-        cp = cupy
-    else:
-        if shutil.which("g++") is None:
-            pytest.skip("g++ not found: the CPU emulation of the CUDA kernels is not run")
-        cp = emulated_cupy()
+    cp = kernel_devices.array_module(request)
     return SimpleNamespace(cp=cp, fns=act.load(cp), put=cp.asarray, get=lambda a: a.get())
 
 

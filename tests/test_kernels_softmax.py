@@ -13,16 +13,15 @@ emulation (kernels/emulate.py) and on a GPU where CuPy finds one.
 
 from __future__ import annotations
 
-import shutil
 from types import SimpleNamespace
 
+import kernel_devices
 import numpy as np
 import pytest
 from precision import assert_float32_only
 
 import disttensor as dt
 from kernels import softmax as sm
-from kernels.emulate import emulated_cupy
 
 DTYPES = (np.float32, np.float64)
 dtypes = pytest.mark.parametrize("dtype", DTYPES, ids=["f32", "f64"])
@@ -315,21 +314,10 @@ def test_inputs_are_never_written(i):
 
 
 # -- the CUDA kernels through their loaders: GPU and CPU emulation --------------------------------
-@pytest.fixture(scope="module", params=["emulated", "gpu"])
+@pytest.fixture(scope="module", params=kernel_devices.PARAMS)
 def device(request):
     """softmax.cu's loader on a backend, with ``put`` (host to device) and ``get``."""
-    if request.param == "gpu":
-        cupy = pytest.importorskip("cupy", reason="CuPy is not installed: no GPU run")
-        try:
-            if cupy.cuda.runtime.getDeviceCount() < 1:
-                pytest.skip("CuPy finds no CUDA device")
-        except cupy.cuda.runtime.CUDARuntimeError as e:
-            pytest.skip(f"CuPy finds no CUDA device: {e}")
-        cp = cupy
-    else:
-        if shutil.which("g++") is None:
-            pytest.skip("g++ not found: the CPU emulation of the CUDA kernels is not run")
-        cp = emulated_cupy()
+    cp = kernel_devices.array_module(request)
     return SimpleNamespace(fns=sm.load(cp), put=cp.asarray, get=lambda a: a.get())
 
 
