@@ -200,6 +200,16 @@ def note_mutation(local: np.ndarray) -> None:
     _last_mutation[0] = seq
 
 
+def version(a: Any) -> int:
+    """The write counter of array ``a``'s memory: the number of its latest in-place write
+    (``note_mutation``), 1 if it was never written; any write changes it."""
+    if not isinstance(a, np.ndarray) and type(a) not in DEVICE_ARRAYS:
+        return 1
+    root = _root(a)
+    hit = _mutations.get(id(root))
+    return hit[1] if hit is not None and hit[0]() is root else 1
+
+
 def _written_after(a: Any, seq: int) -> bool:
     """Whether the array ``a`` (or memory it views) was written after record number ``seq``."""
     if not isinstance(a, np.ndarray) and type(a) not in DEVICE_ARRAYS:

@@ -24,7 +24,6 @@ from typing import Any
 import numpy as np
 
 from . import autograd, backend, comm
-from . import reshard as _reshard
 from .accounting import NO_RULE, note_outside_rules, outside_rules
 from .autograd import GRADIENTS as _GRADIENTS
 from .autograd import NOT_DIFFERENTIABLE as _NOT_DIFFERENTIABLE
@@ -35,7 +34,7 @@ from .explain import HOOKS as _explain
 from .placement import Replicate
 from .spec import DistSpec
 from .spmd import TensorSpec, get_rule
-from .tensor import DistTensor
+from .tensor import DistTensor, moved
 
 log = logging.getLogger("disttensor")
 
@@ -402,9 +401,9 @@ def _move(pos, tensors, moves, kargs) -> None:
         if hit is not None and hit[0] is t:  # resharded the same way earlier: reuse
             kargs[i] = hit[1]
             continue
-        local, spec = t._local, t._spec
-        for step in chain:  # usually just the target; see _decide for bool Partials
-            local, spec = _reshard.execute(local, spec, step), step
+        # the chain is usually just the target; see _decide for bool Partials. A tensor moved
+        # there by an earlier op is not moved again (Note [One move per tensor] in tensor.py)
+        local = moved(t, chain[-1], chain)
         kargs[i] = local
         if memo is not None:
             memo[(id(t), chain[-1])] = (t, local)
@@ -629,10 +628,7 @@ def fallback(
     mesh = found[0].mesh
     rep = [Replicate()] * mesh.ndim
     with outside_rules(name, reason):
-        values = {
-            id(t): _reshard.execute(t._local, t._spec, t._spec.replace(placements=rep))
-            for t in found
-        }
+        values = {id(t): moved(t, t._spec.replace(placements=rep)) for t in found}
     move = None  # what other array arguments become on a device (None: as they are)
     if be.device and on_device is not None:  # the caller's: its arguments as they are
         func = on_device

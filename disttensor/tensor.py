@@ -37,7 +37,9 @@ from .spec import DistSpec, contiguous
 class DistTensor:
     """A global tensor sharded over a ProcessMesh. Build one with ``dt.shard_tensor``."""
 
-    __slots__ = ("_grad", "_hooks", "_local", "_node", "_spec", "requires_grad", "__weakref__")
+    # _moved, set on the first move only: Note [One move per tensor]
+    __slots__ = ("_grad", "_hooks", "_local", "_moved", "_node", "_spec", "requires_grad",
+                 "__weakref__")  # fmt: skip
 
     def __init__(self, local: np.ndarray, spec: DistSpec, requires_grad: bool = False) -> None:
         self._local = local
@@ -239,12 +241,12 @@ class DistTensor:
                 f"rank {rank} is not in this tensor's mesh {self.mesh.process_ids}; numpy() is "
                 "collective over the mesh ranks, call it there"
             )
-        full = self._spec.replace(placements=[Replicate()] * self.mesh.ndim)
+        full = _target(self.mesh, (Replicate(),) * self.mesh.ndim, self.shape, self.dtype)
         with doing("numpy()"):
-            out = _reshard.execute(self._local, self._spec, full)
+            out = moved(self, full)
         if type(out) is not np.ndarray and backend.is_device(out):
             return backend.to_host(out)  # a copy
-        return out if out is not self._local else out.copy()
+        return out.copy()  # never the shard itself, nor the remembered move
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
         """The global value as a numpy array, for ``np.asarray(x)``, ``np.array([x, y])`` and
@@ -1135,7 +1137,7 @@ def reshard(x: DistTensor, mesh: ProcessMesh, placements: Sequence[Placement]) -
         dst = DistSpec.make(mesh, placements, x.shape, x.dtype, what="reshard")  # raises
     if dst == x.spec:
         return x
-    out = DistTensor(_reshard.execute(x.to_local(), x.spec, dst), dst)
+    out = DistTensor(moved(x, dst), dst)
     if x.requires_grad and autograd._state.enabled:
         # the gradient goes back to the source placements, Partials read as Replicate
         # (Note [Partial gradients] in autograd.py)
@@ -1144,6 +1146,60 @@ def reshard(x: DistTensor, mesh: ProcessMesh, placements: Sequence[Placement]) -
             "reshard", (x,), (out,), lambda gs: (reshard(gs[0], back.mesh, back.placements),)
         )
     return out
+
+
+# Note [One move per tensor]
+#     A tensor moved to a layout is not moved there again: a Partial scalar used by two
+#     divisions is reduced once, a vector gathered for two products once. ``moved`` keeps the
+#     moved local array on the source tensor (``_moved``: target spec -> the source's local
+#     array, the moved one and the write counters of both, autograd.version) and hands it out
+#     again while neither array has been written in place since and the source still holds
+#     the same array. Every rank decides alike: the moves and writes are the program's, the
+#     same on every rank, and nothing depends on a rank's own sizes, so a reuse skips the
+#     collective everywhere. Moves that gather (a Shard becoming Replicate) are remembered
+#     only up to MEMO_GATHER_BYTES of the tensor's global size, so a sharded tensor is not
+#     kept whole beside its shard; other moves keep at most what the source holds. A
+#     remembered array is read, never written, by the kernels that get it; dt.reshard's
+#     result may hold it, and a write through dt (which counts writes) makes it stale.
+MEMO_GATHER_BYTES = 8 << 20
+
+
+def moved(x: DistTensor, dst: DistSpec, chain: tuple | None = None) -> Any:
+    """This rank's local array of ``x`` in layout ``dst`` (collective, the first time;
+    Note [One move per tensor]). ``chain``: the specs to reshard through, ending with
+    ``dst`` (default: ``dst`` alone)."""
+    memo = getattr(x, "_moved", None)
+    if memo is not None:
+        hit = memo.get(dst)
+        if hit is not None:
+            src, out, src_version, out_version = hit
+            if (
+                src is x._local
+                and autograd.version(src) == src_version
+                and autograd.version(out) == out_version
+            ):
+                return out
+    local, spec = x._local, x._spec
+    for step in chain or (dst,):  # usually just the target (dispatch: bool Partials first)
+        local, spec = _reshard.execute(local, spec, step), step
+    if _remembered(x._spec, dst):
+        if memo is None:
+            memo = x._moved = {}
+        memo[dst] = (x._local, local, autograd.version(x._local), autograd.version(local))
+    return local
+
+
+@lru_cache(maxsize=4096)
+def _remembered(spec: DistSpec, dst: DistSpec) -> bool:
+    """Whether a move from ``spec`` to ``dst`` is remembered: not one that gathers a tensor
+    larger than MEMO_GATHER_BYTES (the same answer on every rank: global sizes only)."""
+    if spec.mesh != dst.mesh:
+        return False
+    gathers = any(
+        p.is_shard() and q != p and n > 1
+        for p, q, n in zip(spec.placements, dst.placements, spec.mesh.shape)
+    )
+    return not gathers or math.prod(dst.shape) * dst.dtype.itemsize <= MEMO_GATHER_BYTES
 
 
 @lru_cache(maxsize=4096)

@@ -268,16 +268,18 @@ def test_one_reshard_per_distinct_input(mesh_shape):
 
     def body(mesh):
         pls = [PSUM] * mesh.ndim
-        d = make_input(g, mesh, pls)
         counts = {}
         for name, fn, ref in [
-            ("d * d", lambda: d * d, g * g),
-            ("multiply(d, d)", lambda: dt.multiply(d, d), g * g),
-            ("where(m, d * d, d)", lambda: dt.where(g > 0, d * d, d), np.where(g > 0, g * g, g)),
-            ("maximum(d, d)", lambda: dt.maximum(d, d), g),
+            ("d * d", lambda d: d * d, g * g),
+            ("multiply(d, d)", lambda d: dt.multiply(d, d), g * g),
+            ("where(m, d * d, d)", lambda d: dt.where(g > 0, d * d, d), np.where(g > 0, g * g, g)),
+            ("maximum(d, d)", lambda d: dt.maximum(d, d), g),
         ]:
+            # a new d each time: one reduced before would be reused across ops as well (Note
+            # [One move per tensor]: tests/test_reshard_memo.py)
+            d = make_input(g, mesh, pls)
             with dt.CommCounter() as cc:
-                y = fn()
+                y = fn(d)
             counts[name] = cc.counts
             assert_close(y.numpy(), ref, name)
         x = make_input(g, mesh, [S1] + [R] * (mesh.ndim - 1), seed=2)

@@ -1,0 +1,170 @@
+"""Note [One move per tensor] (tensor.moved): a tensor moved to a layout is not moved there
+again until it, or the moved value, is written; the same decision on every rank. Counted with
+dt.CommCounter on every mesh, values checked against numpy."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from mpirun import run
+from op_cases import MESH_SHAPES, every_rank, make_input, mesh_of
+
+import disttensor as dt
+from disttensor import tensor as dt_tensor
+
+S0, R, PSUM = dt.Shard(0), dt.Replicate(), dt.Partial()
+G = np.arange(1.0, 8.0)  # 7: uneven on every mesh
+
+
+def on(mesh_shape, fn):
+    n = math.prod(mesh_shape)
+    return every_rank(dt.simulate(n, lambda: fn(mesh_of(mesh_shape))))
+
+
+def counted(fn):
+    with dt.CommCounter() as cc:
+        out = fn()
+    return out, cc.counts
+
+
+@pytest.mark.parametrize("mesh_shape", MESH_SHAPES, ids=str)
+def test_a_partial_scalar_used_twice_is_reduced_once(mesh_shape):
+    def body(mesh):
+        p = make_input(G, mesh, [S0] * mesh.ndim)
+        s = p @ p  # Partial over the mesh dims that split p
+        first, c1 = counted(lambda: 1.0 / s)
+        second, c2 = counted(lambda: (2.0 / s) + s)
+        return first.numpy(), second.numpy(), c1, c2
+
+    first, second, c1, c2 = on(mesh_shape, body)
+    norm = G @ G
+    np.testing.assert_allclose(first, 1 / norm, rtol=1e-14)
+    np.testing.assert_allclose(second, 2 / norm + norm, rtol=1e-14)
+    split = sum(n > 1 for n in mesh_shape)
+    assert c1 == ({"all_reduce": split} if split else {})
+    assert c2 == {}  # reused
+
+
+@pytest.mark.parametrize("mesh_shape", MESH_SHAPES, ids=str)
+def test_a_gathered_vector_is_gathered_once_and_again_after_a_write(mesh_shape):
+    def body(mesh):
+        p = make_input(G, mesh, [S0] * mesh.ndim)
+        whole = [R] * mesh.ndim
+        # values read at once: a reshard may share memory with p (on one rank it is p's)
+        y1, c1 = counted(lambda: dt.reshard(p, mesh, whole).to_local().copy())
+        y2, c2 = counted(lambda: (dt.reshard(p, mesh, whole) * 2).to_local().copy())
+        p[0] = 100.0  # a write: the gathered p is stale
+        y3, c3 = counted(lambda: dt.reshard(p, mesh, whole).to_local().copy())
+        view = p[1:3]  # a view of p's shards: writing it writes p
+        view[...] = -1.0
+        y4, c4 = counted(lambda: dt.reshard(p, mesh, whole).to_local().copy())
+        return [y1, y2, y3, y4], [c1, c2, c3, c4]
+
+    ys, counts = on(mesh_shape, body)
+    v = G.copy()
+    want = [v.copy(), 2 * v]
+    v[0] = 100.0
+    want.append(v.copy())
+    v[1:3] = -1.0
+    want.append(v.copy())
+    for got, exp in zip(ys, want):
+        np.testing.assert_array_equal(got, exp)
+    gathers = counts[0]  # p gathered (nothing to move on one rank)
+    assert (gathers == {}) == (math.prod(mesh_shape) == 1)
+    assert counts[1] == {} and counts[2] == gathers and counts[3] == gathers
+
+
+def test_writing_a_reshard_result_does_not_leak_into_later_moves():
+    """dt.reshard may hand out the remembered array: a write into its result through dt makes
+    the memory stale, so the next move of the source communicates again, with p's values."""
+
+    def body(mesh):
+        p = make_input(G, mesh, [S0])
+        r = dt.reshard(p, mesh, [R])
+        r[0] = 9.0
+        again, c = counted(lambda: dt.reshard(p, mesh, [R]))
+        host = p.numpy()
+        host[0] = 50.0  # numpy() returns a copy: this changes nothing of p
+        return r.numpy(), again.numpy(), p.numpy(), c
+
+    r, again, p, c = on((2,), body)
+    assert r[0] == 9.0 and again[0] == G[0] and p[0] == G[0]
+    assert c == {"all_gather": 1}
+
+
+def test_large_gathers_are_not_remembered(monkeypatch):
+    """A sharded tensor is not kept whole beside its shard: gathers of more than
+    MEMO_GATHER_BYTES (global) move every time; reductions (no bigger than the source) are
+    remembered at any size."""
+    monkeypatch.setattr(dt_tensor, "MEMO_GATHER_BYTES", 8 * 6)
+    dt_tensor._remembered.cache_clear()
+    try:
+
+        def body(mesh):
+            p = make_input(G, mesh, [S0])  # 7 floats: 56 bytes, over the limit
+            q = make_input(G[:6], mesh, [S0])  # 48 bytes: at the limit
+            s = make_input(G, mesh, [PSUM])
+            out = []
+            for t, layout in ((p, [R]), (q, [R]), (s, [R])):
+                _, c1 = counted(lambda t=t, layout=layout: dt.reshard(t, mesh, layout))
+                _, c2 = counted(lambda t=t, layout=layout: dt.reshard(t, mesh, layout))
+                out.append((c1, c2))
+            return out
+
+        (p1, p2), (q1, q2), (s1, s2) = on((2,), body)
+        assert p1 == p2 == {"all_gather": 1}
+        assert q1 == {"all_gather": 1} and q2 == {}
+        assert s1 == {"all_reduce": 1} and s2 == {}
+    finally:
+        dt_tensor._remembered.cache_clear()
+
+
+def test_the_replicate_fallback_reuses_a_gather():
+    def body(mesh):
+        p = make_input(G, mesh, [S0])
+        _, c1 = counted(lambda: np.unwrap(p))  # no dt implementation: gathered
+        _, c2 = counted(lambda: np.unwrap(p))
+        return c1, c2
+
+    c1, c2 = on((2,), body)
+    assert c1 == {"all_gather": 1} and c2 == {}
+
+
+CG = """
+import numpy as np, disttensor as dt
+mesh = dt.init_mesh((dt.get_world_size(),))
+rng = np.random.default_rng(0)
+m = rng.standard_normal((48, 48)); a0 = m @ m.T + 48 * np.eye(48); b0 = rng.standard_normal(48)
+a = dt.shard_tensor(a0, mesh, [dt.Shard(0)])
+b = dt.shard_tensor(b0, mesh, [dt.Shard(0)])
+def cg(a, b, iters):  # textbook conjugate gradient in plain numpy
+    x = b * 0; r = b - a @ x; p = r; rs = r @ r
+    for _ in range(iters):
+        ap = a @ p
+        alpha = rs / (p @ ap)
+        x = x + alpha * p
+        r = r - alpha * ap
+        rs_new = r @ r
+        p = r + (rs_new / rs) * p
+        rs = rs_new
+    return x
+with dt.CommCounter() as cc:
+    x = cg(a, b, 10)
+assert np.allclose(x.numpy(), cg(a0, b0, 10), rtol=1e-10, atol=1e-12), "not numpy's iterates"
+# the hand-written count: one all-gather of p and two all-reduces of scalars per iteration
+# (and the setup's: r's all-gather for a @ x, the first rs)
+assert cc.counts == {"all_gather": 11, "all_reduce": 21}, cc.counts
+print("CG OK", dt.get_rank(), cc.counts)
+"""
+
+
+@pytest.mark.mpi
+def test_conjugate_gradient_makes_the_hand_written_collectives_under_mpiexec(tmp_path):
+    script = tmp_path / "cg.py"
+    script.write_text(CG)
+    for n in (2, 3):
+        code, out = run(n, [str(script)], timeout=120)
+        assert code == 0, out
+        assert out.count("CG OK") == n, out
