@@ -17,6 +17,7 @@ import functools
 import logging
 import threading
 import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -113,9 +114,13 @@ class Op:
 # forgets both):
 # * by value: (op name, input specs, argument positions, argument count, attributes) -> plan,
 #   found for any equal specs (an op's inputs are often new objects equal to cached ones);
-# * by identity: (Op, attributes, per argument id(spec) or None for a non-tensor) -> _Entry,
-#   which holds those very spec objects, so an id in a key can never belong to another
-#   object while the entry lives. Only calls whose tensors are all DistTensors get one.
+# * by identity: (Op, attributes, per argument id(spec) or None for a non-tensor) -> _Entry.
+#   The entry holds weak references to those very spec objects, whose callbacks remove it
+#   when one of them is freed: an id in a key never belongs to another object while the
+#   entry lives (CPython runs the callback at the deallocation, before the id can be
+#   reused), and the cache holds entries only for live specs, so it stays as large as the
+#   program's live tensors need (a training loop that makes a new input tensor every step
+#   adds no entry per step). Only calls whose tensors are all DistTensors get one.
 # A training step calls the same ops on the same spec objects (outputs take their specs from
 # the plan), so the identity key hits: no spec hashing, no normalization. When the entry's
 # plan moves nothing, has one output and ran on this thread's world before (``last``: the
@@ -126,11 +131,18 @@ class Op:
 # Everything else takes the general path, which is the same five steps with every check.
 
 
-class _Entry:
-    __slots__ = ("dense", "last", "plan", "pos", "simple", "specs")
+def _forget(key: tuple, _ref: Any) -> None:
+    """A spec of identity key ``key`` was freed: its entry goes (Note [Dispatch fast path])."""
+    _cache.pop(key, None)
 
-    def __init__(self, specs: tuple, plan: tuple, pos: tuple, nargs: int) -> None:
-        self.specs = specs  # keeps the keyed spec objects alive (their ids are the key)
+
+class _Entry:
+    __slots__ = ("dense", "last", "mesh", "plan", "pos", "refs", "simple")
+
+    def __init__(self, specs: tuple, plan: tuple, pos: tuple, nargs: int, key: tuple) -> None:
+        forget = functools.partial(_forget, key)
+        self.refs = tuple(weakref.ref(s, forget) for s in specs)  # the entry dies with them
+        self.mesh = specs[0].mesh
         self.plan = plan
         self.pos = pos
         self.dense = len(pos) == nargs  # every argument a DistTensor
@@ -328,7 +340,7 @@ def _general(op: Op, args: tuple, attrs: dict, idkey: Any, entry: _Entry | None)
     if entry is not None:  # decided for these very specs (Note [Dispatch fast path])
         plan, pos = entry.plan, list(entry.pos)
         tensors = [args[i] for i in pos]
-        mesh = entry.specs[0].mesh
+        mesh = entry.mesh
         t = type(tensors[0]._local)  # one type: the identity key was made (_mixed_key)
     else:
         plan, mesh, pos, tensors, t = _normalize_and_decide(op, args, attrs, idkey)
@@ -340,7 +352,7 @@ def _general(op: Op, args: tuple, attrs: dict, idkey: Any, entry: _Entry | None)
             if len(_cache) >= _CACHE_LIMIT:
                 _cache.clear()
             entry = _cache[idkey] = _Entry(
-                tuple(t._spec for t in tensors), plan, tuple(pos), len(args)
+                tuple(t._spec for t in tensors), plan, tuple(pos), len(args), idkey
             )
     targets, out_placements, out_shapes, moves, _ = plan
     # every rank (its shards are of one backend) knows here whether the op runs on them

@@ -246,7 +246,10 @@ class DistTensor:
             out = moved(self, full)
         if type(out) is not np.ndarray and backend.is_device(out):
             return backend.to_host(out)  # a copy
-        return out.copy()  # never the shard itself, nor the remembered move
+        memo = getattr(self, "_moved", None)
+        if out is self._local or (memo is not None and memo.get(full, (0, None))[1] is out):
+            return out.copy()  # never the shard itself, nor the remembered move
+        return out
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
         """The global value as a numpy array, for ``np.asarray(x)``, ``np.array([x, y])`` and
