@@ -10,6 +10,7 @@ import numpy as np
 
 import disttensor as dt
 from disttensor import dispatch
+from disttensor.tensor import DistTensor
 
 
 def _train(steps: int) -> list[int]:
@@ -33,9 +34,12 @@ def _train(steps: int) -> list[int]:
             opt.step()
             opt.zero_grad()
             float(loss)
-            if step % 50 == 0:  # after the cyclic collector: what live objects hold
+            if step % 50 == 0:  # both ranks between steps, after the cyclic collector
+                dt.barrier()
                 gc.collect()
+                dt.barrier()
                 sizes.append(len(dispatch._cache))
+                dt.barrier()
         return sizes
 
     return dt.simulate(2, body)[0]
@@ -54,10 +58,19 @@ def test_an_entry_dies_with_its_spec_and_a_new_tensor_decides_again(monkeypatch)
 
     def body():
         mesh = dt.ProcessMesh([0, 1])
-        x = dt.shard_tensor(np.arange(6.0), mesh, [dt.Shard(0)])
+        # the first spec of a value stays: the decision by value keeps it in its key
+        first = dt.shard_tensor(np.arange(6.0), mesh, [dt.Shard(0)])
+        first * 2
+        spec = first._spec.replace()  # an equal spec, a new object
+        assert spec == first._spec and spec is not first._spec
+        x = DistTensor(first.to_local().copy(), spec)
+        del spec  # x holds it alone
         y = x * 2
+        dt.barrier()  # the ranks share the cache: both past the product, then both past del
         before = len(dispatch._cache)
+        dt.barrier()
         del x, y
+        dt.barrier()
         after = len(dispatch._cache)
         z = dt.shard_tensor(np.arange(6.0), mesh, [dt.Replicate()])  # may reuse x's id
         return before, after, (z * 2).numpy(), list((z * 2).placements)
