@@ -162,7 +162,7 @@ print("CG OK", dt.get_rank(), cc.counts)
 
 @pytest.mark.mpi
 def test_conjugate_gradient_makes_the_hand_written_collectives_under_mpiexec(tmp_path):
-    script = tmp_path / "cg.py"
+    script = tmp_path / "script.py"
     script.write_text(CG)
     for n in (2, 3):
         code, out = run(n, [str(script)], timeout=120)
