@@ -909,17 +909,22 @@ def shard_tensor(
     requires_grad: bool = False,
     *,
     src: int | None = None,
-    check: bool = False,
+    check: bool | None = None,
 ) -> DistTensor:
     """Distribute global ``data`` (the same on every rank) over ``mesh``; keeps only this shard.
 
     ``data`` may be an array, list, scalar, or a DistTensor (then it is resharded). The ranks
-    of the mesh first agree that they passed the same shape, dtype and placements (a clear
-    ``RanksDiverged`` on every rank otherwise); ``check=True`` (or ``DISTTENSOR_DEBUG=1``)
-    also compares a checksum of the values, which catches data that differs by rank (an
-    unseeded random draw). ``src=r`` takes the data from rank r alone, as PyTorch's
-    ``distribute_tensor`` does: the other ranks may pass None, and each receives just its
-    shard, point to point (Note [Replicas agree] below).
+    of the mesh first agree that they passed the same shape, dtype, placements and values: a
+    crc32 of the data's bytes rides in the 16-byte agreement every collective makes, so data
+    that differs by rank (an unseeded random draw) raises ``RanksDiverged`` on every rank
+    instead of giving each rank another tensor. The price is one pass over the data per rank
+    (about 4 GB/s; docs/concepts.md measures it) and nothing on a 1-rank mesh.
+    ``check=False`` skips the values (shape, dtype and placements are still agreed; not
+    with ``DISTTENSOR_DEBUG=1``), for data known to agree; ``check=True`` compares them even
+    with ``DISTTENSOR_CHECK=0``, which otherwise turns the whole agreement off. ``src=r``
+    takes the data from rank r alone, as PyTorch's ``distribute_tensor`` does: the other
+    ranks may pass None, and each receives just its shard, point to point (Note [Replicas
+    agree] below). Data that differs by rank by design is ``dtensor_from_local``'s.
 
     >>> import disttensor as dt
     >>> x = dt.shard_tensor([1, 2, 3], dt.ProcessMesh([0]), [dt.Shard(0)])
@@ -962,22 +967,34 @@ def shard_tensor(
     if arr.dtype == object:
         raise TypeError(f"shard_tensor needs numeric data, got an object array from {data!r:.80}")
     spec = DistSpec.make(mesh, placements, arr.shape, arr.dtype, what="shard_tensor")
-    _agree_on(spec, "shard_tensor", arr if check or agree.DEBUG else None)
+    values = arr if check is not False or agree.DEBUG else None  # DEBUG: hunting a divergence
+    _agree_on(spec, "shard_tensor", values, force=bool(check))
     return from_spec_block(lambda slices: arr[slices].copy(), spec, requires_grad, on)
 
 
 # Note [Replicas agree]
 # Every rank passes shard_tensor the same global data and keeps its own shard, so a rank that
 # passes another shape (or placements, or dtype) would build a tensor the others do not have,
-# and its later collectives would move mismatched buffers. So the mesh's ranks first agree on
-# (shape, dtype, placements) with the check every collective makes (Note [Ranks agree before a
-# collective] in comm/agree.py: 16 bytes, counted in CommCounter.checks, skipped with
-# DISTTENSOR_CHECK=0), dtensor_from_local on (global shape, dtype, placements), dt.rand and
-# dt.randn on the seed and stream they draw. Values are compared only when asked
-# (check=True, or DISTTENSOR_DEBUG=1): by a crc32 of the bytes, one pass over the data. With
-# src=r no rank but r needs the data: the ranks learn its shape and dtype from r (one small
-# all-gather of metadata) and each receives its shard point to point, as a move from the
-# 1-rank mesh [r] (reshard.fetch).
+# and its later collectives would move mismatched buffers; one that passes other values (an
+# unseeded random draw) would hold another "replica", or shards cut from another array, and
+# every later result would differ by rank with no error. So the mesh's ranks first agree on
+# (shape, dtype, placements, crc32 of the values) with the check every collective makes (Note
+# [Ranks agree before a collective] in comm/agree.py: 16 bytes, counted in CommCounter.checks,
+# skipped with DISTTENSOR_CHECK=0), dtensor_from_local on (global shape, dtype, placements),
+# dt.rand and dt.randn on the seed and stream they draw.
+#
+# Checking the values rather than taking one rank's (PyTorch's default) is a choice made on
+# measurements (docs/concepts.md, "The same data on every rank"): the crc32 adds no message,
+# only one pass over the data on every rank at once (~4 GB/s), about what broadcasting a
+# replica from rank 0 costs on one node, more than scattering a large sharded input (only the
+# shards move); and taking rank 0's data would hide the bug that the crc32 names (a program
+# that passed per-rank data meant a seed, src=0, or dtensor_from_local). Every rank hashes the
+# whole array, Shard placements too: a rank's shard is cut from its own copy, so a difference
+# anywhere makes the assembled tensor an array no rank passed. check=False skips the crc (the
+# data is known to agree); src=r is the PyTorch behaviour, asked for by name. With src=r no
+# rank but r needs the data: the ranks learn its shape and dtype from r (one small all-gather
+# of metadata) and each receives its shard point to point, as a move from the 1-rank mesh [r]
+# (reshard.fetch).
 def agree_on_mesh(mesh: ProcessMesh, what: str, key: tuple, force: bool = False) -> None:
     """Note [Replicas agree]: the ranks of ``mesh`` check that they pass the same ``key``
     for ``what`` (``RanksDiverged`` on every rank otherwise). Nothing on a 1-rank mesh, on
@@ -987,16 +1004,23 @@ def agree_on_mesh(mesh: ProcessMesh, what: str, key: tuple, force: bool = False)
         comm.group(tuple(mesh.process_ids)).agree(what, key)
 
 
-def _agree_on(spec: DistSpec, what: str, values: np.ndarray | None = None) -> None:
-    """The ranks of ``spec``'s mesh check they hold the same spec (and a checksum of
-    ``values`` when given: asked for, so checked even with the check off)."""
-    if not (agree.CHECK or values is not None) or comm.get_rank() not in spec.mesh:
+def _agree_on(spec: DistSpec, what: str, values: Any = None, force: bool = False) -> None:
+    """The ranks of ``spec``'s mesh check they hold the same spec, and a crc32 of ``values``
+    when given (Note [Replicas agree]); ``force``: even with the check off. Nothing (no hash
+    either) on a 1-rank mesh or on ranks outside it."""
+    if not (agree.CHECK or force) or spec.mesh.size == 1 or comm.get_rank() not in spec.mesh:
         return
     key: tuple = (spec.shape, spec.dtype, spec.placements)
     if values is not None:
-        host = np.ascontiguousarray(backend.to_host(values))
-        key += (f"crc32 {zlib.crc32(host.view(np.uint8)):#010x}",)
+        key += (f"values crc32 {_crc32(values):#010x}",)
     agree_on_mesh(spec.mesh, what, key, force=True)
+
+
+def _crc32(values: Any) -> int:
+    """crc32 of ``values``' bytes in C order (a device array's through a host copy). zlib
+    releases the GIL on large buffers, so simulated ranks hash at once."""
+    host = backend.to_host(values) if backend.is_device(values) else values
+    return zlib.crc32(np.ascontiguousarray(host).reshape(-1).view(np.uint8))
 
 
 def _from_rank(data, mesh, placements, dtype, requires_grad, src) -> DistTensor:

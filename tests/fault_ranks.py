@@ -13,6 +13,7 @@ from fault_table import (
     NAN,
     S0,
     R,
+    early,
     ends_job,
     like_numpy,
     mesh,
@@ -105,9 +106,23 @@ def shard_tensor_with_other_placements(world):
     dt.shard_tensor(np.ones(4), mesh(world), [S0 if rank() else R])
 
 
-@raises(dt.RanksDiverged, "passed shard_tensor different values", "crc32")
-def shard_tensor_of_other_values_checked(world):
-    dt.shard_tensor(np.full(4, float(rank())), mesh(world), [S0], check=True)
+@raises(dt.RanksDiverged, "passed shard_tensor different values", "values crc32")
+def shard_tensor_of_other_values(world):
+    dt.shard_tensor(np.full(4, float(rank())), mesh(world), [S0])
+
+
+@raises(dt.RanksDiverged, "passed shard_tensor different values", "values crc32")
+def shard_tensor_of_an_unseeded_draw_replicated(world):
+    dt.shard_tensor(np.random.default_rng().random(4), mesh(world), [R])
+
+
+@like_numpy
+def shard_tensor_opt_out_and_source(world):
+    """check=False keeps each rank's data as passed; src=r takes rank r's on every rank."""
+    mine = np.full(4, float(rank()))
+    x = dt.shard_tensor(mine, mesh(world), [R], check=False)
+    y = dt.shard_tensor(mine if rank() else None, mesh(world), [R], src=world - 1)
+    return [("check=False", x.to_local(), mine), ("src", y.to_local(), np.full(4, world - 1.0))]
 
 
 @raises(
@@ -148,6 +163,29 @@ def reshard_to_other_placements_per_rank(world):
 @raises(ValueError, lambda w: f"shard_tensor: src must be a rank of the world (0..{w - 1})")
 def shard_tensor_from_a_missing_source(world):
     dt.shard_tensor(np.ones(4), mesh(world), [S0], src=world)
+
+
+# -- reductions with no identity: numpy's error on every rank, before any collective ------------
+@raises(ValueError, "zero-size array to reduction operation maximum which has no identity")
+def max_of_an_empty_split_axis(world):
+    x = dt.shard_tensor(np.empty((0, 3)), mesh(world), [S0])
+    early(lambda: x.max(axis=0))
+
+
+@raises(ValueError, "attempt to get argmin of an empty sequence")
+def argmin_of_an_empty_split_axis(world):
+    x = dt.shard_tensor(np.empty(0), mesh(world), [S0])
+    early(lambda: np.argmin(x))
+
+
+@like_numpy
+def max_min_of_empty_axes_with_initial(world):
+    g = np.empty((0, 3))
+    x = dt.shard_tensor(g, mesh(world), [S0])
+    return [
+        ("max initial=", np.max(x, axis=0, initial=-1.0), np.max(g, axis=0, initial=-1.0)),
+        ("min of axis 1", x.min(axis=1), g.min(axis=1)),
+    ]
 
 
 # -- NaN, inf, ties and signs against numpy ------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Factories (zeros, ones, full, empty, arange, rand, randn): local shards only, numpy's values.
+"""Factories (zeros, ones, full, empty, arange, rand, randn): local shards only, numpy's values;
+shard_tensor's agreement on the values every rank passes.
 
 Every check runs on simulated ranks: each rank compares its shard with the box that nested
 numpy.array_split gives (computed here, independently of spec.py) and its gathered value with
@@ -9,11 +10,13 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 
 import numpy as np
 import pytest
 
 import disttensor as dt
+from disttensor.comm import agree
 
 S0, S1, R = dt.Shard(0), dt.Shard(1), dt.Replicate()
 P, PMAX, PMIN = dt.Partial("sum"), dt.Partial("max"), dt.Partial("min")
@@ -374,3 +377,119 @@ def test_random_dtype(kind) -> None:
         return True
 
     run(2, f)
+
+
+# -- shard_tensor: the ranks agree on the values (Note [Replicas agree] in tensor.py) ----------
+def _per_rank(shape, dtype, rank: int) -> np.ndarray:
+    """The same array on every rank but one element on the last rank, in the first row: outside
+    that rank's own shard wherever axis 0 is split, so cutting shards hides the difference."""
+    g = np.arange(math.prod(shape)).reshape(shape).astype(dtype)
+    if rank == dt.get_world_size() - 1:
+        g.flat[0] = not g.flat[0] if dtype is bool else g.flat[0] + 1
+    return g
+
+
+AGREE_LAYOUTS = [("2", [R]), ("2", [S0]), ("3", [S1]), ("2x2", [S0, R]), ("2x2", [R, P])]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.int32, bool])
+@pytest.mark.parametrize("layout", AGREE_LAYOUTS, ids=_id)
+def test_shard_tensor_of_data_that_differs_by_rank_raises_on_every_rank(layout, dtype) -> None:
+    """Regression (was: every rank kept a shard of its own data, a "replica" that differed by
+    rank, with no error)."""
+    ids, placements = MESHES[layout[0]], layout[1]
+
+    def f():
+        data = _per_rank((6, 4), dtype, dt.get_rank())
+        with dt.CommCounter() as cc, pytest.raises(dt.RanksDiverged) as e:
+            dt.shard_tensor(data, dt.ProcessMesh(ids), placements)
+        assert "passed shard_tensor different values" in str(e.value)
+        assert str(e.value).count("values crc32 0x") == _size(ids)  # each rank's checksum
+        assert (cc.total, cc.checks) == (0, 1), "data moved, or a check more than the one"
+        return True
+
+    run(_size(ids), f)
+
+
+@pytest.mark.parametrize("layout", AGREE_LAYOUTS, ids=_id)
+def test_shard_tensor_of_equal_data_costs_one_check(layout) -> None:
+    ids, placements = MESHES[layout[0]], layout[1]
+    g = _per_rank((6, 4), np.float64, -1)
+
+    def f():
+        with dt.CommCounter() as cc:
+            x = dt.shard_tensor(g.copy(), dt.ProcessMesh(ids), placements)
+        assert (cc.total, cc.checks) == (0, 1)  # the values ride in the one agreement
+        check(x, g, ids, placements)
+        return True
+
+    run(_size(ids), f)
+
+
+def test_shard_tensor_check_false_keeps_each_ranks_data() -> None:
+    """The documented opt-out for data known to agree: no values compared (so per-rank data
+    is kept as passed), shape, dtype and placements still agreed."""
+
+    def f():
+        rank, mesh = dt.get_rank(), dt.ProcessMesh([0, 1])
+        x = dt.shard_tensor(np.full(3, float(rank)), mesh, [R], check=False)
+        np.testing.assert_array_equal(x.to_local(), np.full(3, float(rank)))
+        with pytest.raises(dt.RanksDiverged, match=r"rank 1: shard_tensor \(4,\)"):
+            dt.shard_tensor(np.ones(3 + rank), mesh, [R], check=False)
+        return True
+
+    run(2, f)
+
+
+@pytest.mark.parametrize("src", [0, 2])
+@pytest.mark.parametrize("placements", [[R], [S0]], ids=str)
+def test_shard_tensor_src_takes_one_ranks_data(src, placements) -> None:
+    """PyTorch's default, asked for by name: rank ``src``'s data, whatever the others pass."""
+    want = np.arange(12.0).reshape(4, 3) + 100 * src
+
+    def f():
+        rank = dt.get_rank()
+        data = np.arange(12.0).reshape(4, 3) + 100 * rank if rank != 1 else None
+        x = dt.shard_tensor(data, dt.ProcessMesh([0, 1, 2]), placements, src=src)
+        check(x, want, [0, 1, 2], placements)
+        return True
+
+    run(3, f)
+
+
+def test_shard_tensor_value_check_follows_the_agreement_switch() -> None:
+    """DISTTENSOR_CHECK=0 (here agree.set_checks(False)) turns the values off with the rest of
+    the agreement; check=True compares them even then."""
+
+    def f():
+        rank, mesh = dt.get_rank(), dt.ProcessMesh([0, 1])
+        with dt.CommCounter() as cc:
+            x = dt.shard_tensor(np.full(2, float(rank)), mesh, [S0])
+        assert cc.checks == 0 and x.to_local().tolist() == [float(rank)]
+        with pytest.raises(dt.RanksDiverged, match="values crc32"):
+            dt.shard_tensor(np.full(2, float(rank)), mesh, [S0], check=True)
+        return True
+
+    before = agree.set_checks(on=False)
+    try:
+        run(2, f)
+    finally:
+        agree.set_checks(*before)
+
+
+def test_shard_tensor_hashes_on_the_mesh_only(monkeypatch) -> None:
+    """A 1-rank mesh compares nothing, and a rank outside the mesh hashes nothing: the pass
+    over the data is paid only where a check is made."""
+    from disttensor import tensor
+
+    hashed: list[int] = []
+    crc32 = tensor._crc32
+    monkeypatch.setattr(tensor, "_crc32", lambda v: hashed.append(dt.get_rank()) or crc32(v))
+
+    def f():
+        dt.shard_tensor(np.ones(4), dt.ProcessMesh([dt.get_rank()]), [S0])
+        dt.shard_tensor(np.ones(4), dt.ProcessMesh([0, 1]), [R])
+        return True
+
+    run(3, f)
+    assert sorted(hashed) == [0, 1]

@@ -377,6 +377,52 @@ def test_from_local_outside_the_mesh_needs_global_shape() -> None:
     on_every_rank(2, f)
 
 
+# -- no answer, or no one answer: numpy's error, RanksDiverged ------------------------------------
+NO_IDENTITY = [
+    (lambda x: x.max(), "zero-size array to reduction operation maximum which has no identity"),
+    (
+        lambda x: np.min(x, axis=0),
+        "zero-size array to reduction operation minimum which has no identity",
+    ),
+    (lambda x: x.argmax(axis=0), "attempt to get argmax of an empty sequence"),
+    (lambda x: np.argmin(x), "attempt to get argmin of an empty sequence"),
+]
+
+
+def test_max_of_an_empty_split_axis_raises_on_every_rank_before_any_collective() -> None:
+    """Regression (was: -inf from max, +inf from min). A rank outside the tensor's mesh knows
+    the global shape too, and raises the same; the ranks are in step afterwards."""
+
+    def f():
+        x = dt.shard_tensor(np.empty((0, 3)), dt.ProcessMesh([0, 1]), [S0])
+        for call, text in NO_IDENTITY:
+            with dt.CommCounter() as cc, pytest.raises(ValueError) as e:
+                call(x)
+            assert str(e.value) == text and (cc.total, cc.checks) == (0, 0)
+        return float(dt.shard_tensor(np.arange(3.0), dt.ProcessMesh([0, 1, 2]), [S0]).sum()) == 3
+
+    on_every_rank(3, f)
+
+
+def test_shard_tensor_of_per_rank_data_raises_on_every_rank() -> None:
+    """An unseeded draw passed to shard_tensor: RanksDiverged on every rank of the mesh, none on
+    the rank outside it (it holds no shard), no data moved; the ranks are in step afterwards."""
+
+    def f():
+        rank, mesh = dt.get_rank(), dt.ProcessMesh([0, 1])
+        draw = np.random.default_rng().random(4)
+        with dt.CommCounter() as cc:
+            if rank < 2:
+                with pytest.raises(dt.RanksDiverged, match="passed shard_tensor different values"):
+                    dt.shard_tensor(draw, mesh, [R])
+            else:
+                dt.shard_tensor(draw, mesh, [R])
+        assert cc.total == 0
+        return float(dt.shard_tensor(np.arange(3.0), dt.ProcessMesh([0, 1, 2]), [S0]).sum()) == 3
+
+    on_every_rank(3, f)
+
+
 # -- SPMD programs that go wrong end, and say why -------------------------------------------
 def test_a_skipped_collective_times_out_naming_it() -> None:
     def f():

@@ -20,6 +20,7 @@ from op_cases import (
     S0,
     S1,
     Grid,
+    R,
     assert_close,
     assert_grid,
     every_rank,
@@ -27,6 +28,7 @@ from op_cases import (
     mesh_of,
     numpy_takes,
     placements,
+    same,
     shapes_2d,
 )
 
@@ -307,3 +309,75 @@ def test_max_min_of_partial_and_empty_shards():
         return grid.result()
 
     assert_grid(simulate_on((4,), body))
+
+
+# -- empty axes: numpy's error, or numpy's value (Note [Empty reductions]) -------------------------
+EMPTY_FORMS = {  # spelling -> (call on a DistTensor or a numpy array, whether dt computes it)
+    "x.max": (lambda x, **kw: x.max(**kw), True),
+    "x.min": (lambda x, **kw: x.min(**kw), True),
+    "np.amax": (lambda x, **kw: np.amax(x, **kw), True),
+    "np.min": (lambda x, **kw: np.min(x, **kw), True),
+    "np.maximum.reduce": (lambda x, axis=None, **kw: np.maximum.reduce(x, axis=axis, **kw), True),
+    "x.argmax": (lambda x, **kw: x.argmax(**kw), True),
+    "np.argmin": (lambda x, **kw: np.argmin(x, **kw), True),
+    # numpy's own function on the gathered value (the replicate fallback)
+    "np.ptp": (lambda x, **kw: np.ptp(x, **kw), False),
+    "np.nanmax": (lambda x, **kw: np.nanmax(x, **kw), False),
+    "np.max initial=": (lambda x, **kw: np.max(x, initial=-1.0, **kw), False),
+    "np.min where= initial=": (
+        lambda x, **kw: np.min(x, where=np.ones(x.shape, bool), initial=5.0, **kw),
+        False,
+    ),
+}
+EMPTY_PLACEMENTS = {1: [[S0], [S1], [R], [PMAX]], 2: [[S0, S1], [S1, S0], [S0, S0], [R, PMAX]]}
+
+
+def _outcome(fn, x, kw):
+    """``fn(x, **kw)``: ("ok", its value) or (exception type, message)."""
+    try:
+        with np.errstate(all="ignore"):
+            got = fn(x, **kw)
+    except Exception as e:
+        return type(e), str(e)
+    return "ok", got.numpy() if isinstance(got, dt.DistTensor) else np.asarray(got)
+
+
+def _empty_axes(mesh):
+    """Zero-size tensors (and one whose shards are empty on some ranks only) reduced over every
+    axis, split or not: numpy's exception type and text on every rank, before any
+    communication where dt computes the reduction itself, or numpy's value."""
+    failures, count = [], 0
+    for shape in [(0,), (0, 3), (3, 0), (0, 0), (1, 2)]:
+        g = np.zeros(shape)
+        axes = [None, 0, -1] + ([(0, 1)] if len(shape) == 2 else [])
+        kws = [{"axis": a} for a in axes] + [{"axis": 0, "keepdims": True}]
+        for pl in EMPTY_PLACEMENTS[mesh.ndim]:
+            if any(p.is_shard() and p.dim >= len(shape) for p in pl):
+                continue
+            x = make_input(g, mesh, pl)
+            for text, (fn, ours) in EMPTY_FORMS.items():
+                for kw in kws:
+                    if text[-6:] in ("argmax", "argmin") and isinstance(kw["axis"], tuple):
+                        continue  # numpy's arg reductions take one axis
+                    what = f"{text}({shape}, {kw}) {pl}"
+                    want = _outcome(fn, g, kw)
+                    with dt.CommCounter() as cc:
+                        got = _outcome(fn, x, kw)
+                    count += 1
+                    if want[0] == "ok" or got[0] == "ok":
+                        if not same(got, want):
+                            failures.append(f"{what}: {got}, numpy {want}")
+                    elif got != want:
+                        failures.append(f"{what}: raised {got}, numpy {want}")
+                    elif ours and (cc.total or cc.checks):
+                        failures.append(f"{what}: communicated {cc.counts} before raising")
+    return failures, count
+
+
+@pytest.mark.filterwarnings("ignore:All-NaN:RuntimeWarning")
+@pytest.mark.parametrize("mesh_shape", [(1,), (2,), (3,), (2, 2)], ids=str)
+def test_empty_axes_raise_numpys_error(mesh_shape):
+    """Regression (was: max/min over an empty split axis returned -inf/+inf, the identity the
+    local reductions start from, where numpy raises)."""
+    failures, count = every_rank(simulate_on(mesh_shape, _empty_axes))
+    assert count > 300 and not failures, "\n".join(failures[:20])

@@ -164,13 +164,36 @@ def mean(x, axis=None, keepdims=False):
     return _reduce("mean", x, axis, keepdims)
 
 
+def _no_identity(name: str, x, axis, keepdims) -> None:
+    """numpy's error where it has one: max, min, argmax and argmin of a DistTensor over an
+    empty axis (Note [Empty reductions])."""
+    if isinstance(x, DistTensor) and 0 in x.shape:
+        getattr(np, name)(np.empty(x.shape, x.dtype), axis=_norm_axis(axis), keepdims=keepdims)
+
+
+# Note [Empty reductions]
+# numpy's max and min of an empty axis raise ValueError ("zero-size array to reduction operation
+# maximum which has no identity"), argmax and argmin too ("attempt to get argmax of an empty
+# sequence"), unless initial= gives a value. A split axis makes max/min a Partial from local
+# reductions that start at the identity (-inf, the dtype's lowest), since a shard may be empty
+# while the axis is not; so an axis empty everywhere would return -inf, silently. Every rank
+# knows the global shape, so every rank asks numpy on a zero-size stand-in of it (no memory,
+# no communication) before any op runs: numpy's own error, type and text, on every rank at
+# once and before any collective, or nothing, where numpy reduces a zero-size array fine (an
+# axis other than the empty one, keepdims, axis=()). Only zero-size tensors pay the look.
+# np.ptp, np.nanmax and calls with initial= or where= take the replicate fallback: numpy
+# decides on the gathered value, the same on every rank after the same gather.
+
+
 def max(x, axis=None, keepdims=False):
     """``np.max``; over a sharded axis the result is Partial(max)."""
+    _no_identity("max", x, axis, keepdims)
     return _reduce("max", x, axis, keepdims)
 
 
 def min(x, axis=None, keepdims=False):
     """``np.min``; over a sharded axis the result is Partial(min)."""
+    _no_identity("min", x, axis, keepdims)
     return _reduce("min", x, axis, keepdims)
 
 
@@ -191,11 +214,13 @@ def any(x, axis=None, keepdims=False):
 
 def argmax(x, axis=None, keepdims=False):
     """``np.argmax`` (axis None or an int)."""
+    _no_identity("argmax", x, axis, keepdims)  # before the split axis is gathered
     return _reduce("argmax", x, axis, keepdims)
 
 
 def argmin(x, axis=None, keepdims=False):
     """``np.argmin`` (axis None or an int)."""
+    _no_identity("argmin", x, axis, keepdims)
     return _reduce("argmin", x, axis, keepdims)
 
 
@@ -374,7 +399,7 @@ def _resolved(t):
 def _shift(x, axis):
     """The max along ``axis`` (kept), Partial reduced once (it is used twice), as a constant:
     the result does not depend on the shift, so no gradient flows through it."""
-    m = _resolved(max(x, axis, keepdims=True))
+    m = _resolved(_reduce("max", x, axis, True))  # an empty row is shifted by -inf: no error
     return m.detach() if isinstance(m, DistTensor) else m
 
 
