@@ -132,11 +132,14 @@ def test_current_fingerprint_holds_what_the_library_is_doing():
     again = dt.zeros((4, 2), mesh=mesh)  # another tensor of a's spec: the label is a's
     assert under((_label, "add", [again])) == under((_label, "add", [a]))
     assert 0 <= under((_label, "add", [a])) <= agree.MASK
+    # an argument that cannot key the cache (an array) is described every time
+    assert under((_label, "add", np.zeros(2))) == under((_label, "add", np.ones(2)))
+    assert under((_label, "add", np.zeros(2))) != under((_label, "add", np.zeros(3)))
 
 
 def test_envelope_room():
-    """Note [The check rides along]: a group's envelope gathers at most ENVELOPE_BYTES
-    whatever its size, every payload starts 16-byte aligned, and 2 ranks carry an 8-float
+    """Note [The check rides along]: up to 256 ranks a group's envelope gathers at most
+    ENVELOPE_BYTES, every payload starts 16-byte aligned, and 2 ranks carry an 8-float
     all-reduce with room to spare."""
     from disttensor.comm import mpi
 

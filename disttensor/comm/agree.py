@@ -50,8 +50,10 @@ Note [The check rides along]
     * Where every rank's payload fits (an 8-float all-reduce, a small gather, a barrier),
       the envelope *is* the collective: each rank computes its result from the gathered
       slots (reductions in rank order with the MPI backend's dtype rules: float16 summed in
-      float32, bool as logical or/and, NaN-propagating max/min; so every rank gets the same
-      bits). One MPI call instead of the check's round trip plus the data call.
+      float32, bool as logical or/and, NaN-propagating max/min, 8- and 16-bit sums wrapping
+      around; so every rank gets the same bits). One MPI call instead of the check's round
+      trip plus the data call. (mpi.py: ``MPIComm._check`` and the kinds' pack and unpack
+      functions; the all-reduce's written out in ``MPIComm.allreduce``.)
     * Otherwise (a payload too large on some rank, device buffers, a bare ``agree``) the
       envelope is the check alone and the data call follows, as before; the slot's size
       costs nothing next to such data.
@@ -60,15 +62,21 @@ Note [The check rides along]
       so up to 256 ranks an envelope gathers at most 4 KiB; beyond, 16 bytes a rank (the
       16-byte all-reduce it replaces grew with the log of the ranks only).
 
-    The alternatives, measured on 2 ranks with bench/collectives.py --alternatives
-    (docs/performance.md, "The agreement check before each collective"): the separate
-    16-byte all-reduce of (f, -f) before the data call (the check before issue 23) doubles a
-    small collective; a non-blocking check overlapped with the data call saves little (two
-    collectives' worth of MPI work either way on shared memory) and hangs in the data call
-    where kinds differ; the fingerprint folded into an all-reduce's data as extra elements
-    is about as cheap as the envelope but protects only ranks that make the same kind of call
-    of the same size. The envelope is as cheap as the folded all-reduce and keeps the
-    guarantee for every pair of calls.
+    The alternatives, as raw mpi4py on 2 ranks (bench/collectives.py --alternatives; MPICH
+    5.0.2, an 8-float all-reduce alone 3.42 us; docs/performance.md, "The agreement check
+    before each collective"): the 16-byte all-reduce of (f, -f) before the data call (the
+    check before issue 23) 6.99 us; that check started non-blocking and waited after the data
+    call 6.18 us (on shared memory both collectives' work falls on the same cores) and it
+    hangs in the data call where kinds differ; the fingerprint folded into an all-reduce's
+    data as extra elements 4.58 us, but it protects only ranks that make the same kind of
+    call of the same size (an all-reduce against an all-gather waits for ever in MPICH 5.0.2
+    and Open MPI 5.0.11; all-reduces of 4 and 5 elements give rank 0 a truncation error and
+    rank 1, under Open MPI, a half-reduced buffer); the envelope 3.77 us, since MPICH's
+    all-gather of 2 KiB is cheaper than its all-reduce of 32 bytes. So the envelope.
+
+    What the fingerprint cannot hold is which tensor a call is for: rank 0 gathering a while
+    rank 1 gathers b of the very same spec (shape, dtype, placements, mesh) for the same
+    reason still pass; the layers above would have to name the tensor in their ``doing``.
 
     Simulated ranks (comm/threads.py) meet in every collective anyway: the fingerprint
     travels in the collective's own exchange. A device communicator (comm/nccl.py) checks
