@@ -1,10 +1,16 @@
 """The agreement check before every collective (disttensor/comm/agree.py, Note [Ranks agree
-before a collective]): each field of a call counts.
+before a collective]): each field of a call counts, and so does what the library is doing.
 
 * ``fingerprint`` differs when one field alone differs (the collective's kind, dtype, element
-  count or counts list, reduce op, root) and is equal for equal calls, in any process.
+  count or counts list, reduce op, root) and is equal for equal calls, in any process;
+  ``current`` differs when only what the library is doing differs.
 * Two ranks whose calls on one communicator differ in that one field get ``RanksDiverged`` on
   every rank, the same message naming both ranks' calls; equal calls pass and move their data.
+  So do ranks whose collectives have the same kind, dtype and size but another reason (rank 0
+  prints x while rank 1 reshards y; rank 0 gathers a while rank 1 gathers b of the same
+  shape), and calls whose payload does not ride in MPI's envelope (Note [The check rides
+  along]): large buffers, one rank's small and another's large. A small collective carried
+  in the envelope computes what MPI computes for a large one, dtype by dtype.
   The cases run on 2 simulated ranks and under mpiexec on 2 ranks (one launch runs them all),
   each with the default fingerprint and with the full descriptions of ``DISTTENSOR_DEBUG=1``.
 
@@ -91,6 +97,57 @@ def test_fingerprint_is_the_same_in_another_process():
     assert out.returncode == 0, out.stderr
     here = [agree.fingerprint(*call) for pair in ONE_FIELD.values() for call in pair]
     assert out.stdout.strip() == str(here)
+
+
+def _label(name, tensors):  # shaped like dispatch's: its inputs go in a list
+    return f"{name} of " + ", ".join(f"{t.shape} {t.dtype}" for t in tensors)
+
+
+def test_current_fingerprint_holds_what_the_library_is_doing():
+    """Equal calls for another reason differ (outermost item, order, the item's arguments,
+    an op's inputs given as a list of tensors); equal reasons made anew are equal."""
+    mesh = dt.ProcessMesh([0])
+    a, b = dt.zeros((4, 2), mesh=mesh), dt.zeros((2, 4), mesh=mesh)
+    call = ("all_gather", (F64, (4, 4)))
+
+    def under(*items):
+        with contextlib.ExitStack() as stack:
+            for what, *args in items:
+                stack.enter_context(agree.doing(what, *args))
+            return agree.current(*call)
+
+    bare = agree.current(*call)
+    assert bare == agree.fingerprint(*call)  # nothing set: the call alone
+    seen = {
+        bare,
+        under(("print (repr)",), ("numpy()",)),
+        under(("numpy()",)),
+        under(("numpy()",), ("print (repr)",)),
+        under((_label, "add", [a])),
+        under((_label, "add", [b])),
+        under((_label, "multiply", [a])),
+    }
+    assert len(seen) == 7, seen
+    assert under(("numpy()",), ("float()",)) == under(("numpy()",), ("float()",))
+    again = dt.zeros((4, 2), mesh=mesh)  # another tensor of a's spec: the label is a's
+    assert under((_label, "add", [again])) == under((_label, "add", [a]))
+    assert 0 <= under((_label, "add", [a])) <= agree.MASK
+    # an argument that cannot key the cache (an array) is described every time
+    assert under((_label, "add", np.zeros(2))) == under((_label, "add", np.ones(2)))
+    assert under((_label, "add", np.zeros(2))) != under((_label, "add", np.zeros(3)))
+
+
+def test_envelope_room():
+    """Note [The check rides along]: up to 256 ranks a group's envelope gathers at most
+    ENVELOPE_BYTES, every payload starts 16-byte aligned, and 2 ranks carry an 8-float
+    all-reduce with room to spare."""
+    from disttensor.comm import mpi
+
+    for n in range(1, 600):
+        r = mpi.room(n)
+        assert r >= 0 and r % 16 == 0, (n, r)
+        assert r == 0 or n * (mpi.HEAD + r) <= mpi.ENVELOPE_BYTES, (n, r)
+    assert mpi.room(2) == 2032 and mpi.room(8) == 496 and mpi.room(256) == 0
 
 
 # -- two ranks, calls that differ in one field --------------------------------------------------
@@ -186,6 +243,167 @@ def _equal_calls(w, rank):
     w.agree("shard_tensor", ((8,), F64, (dt.Shard(0),)))
 
 
+BIG = 4096  # float64 elements: 32 KiB, more than any envelope's payload (mpi.ENVELOPE_BYTES)
+
+
+def _count_large(w, rank):
+    n = BIG + rank
+    w.allreduce(np.ones(n), np.empty(n), "sum")
+
+
+def _count_small_or_large(w, rank):
+    n = 4 if rank == 0 else BIG  # rank 0's payload rides, rank 1's does not
+    w.allreduce(np.ones(n), np.empty(n), "sum")
+
+
+def _kind_allreduce_or_agreement(w, rank):
+    if rank == 0:
+        w.allreduce(np.ones(3), np.empty(3), "sum")
+    else:
+        w.agree("shard_tensor", (F64, 3, "sum"))
+
+
+def _mesh_and(*arrays_placements):
+    mesh = dt.ProcessMesh([0, 1])
+    return [dt.shard_tensor(a, mesh, [p]) for a, p in arrays_placements]
+
+
+def _print_or_reshard(w, rank):
+    """The issue's case: rank 0 prints x while rank 1 reshards y, of one spec (the same
+    all-gather of 4 + 4 float64)."""
+    x, y = _mesh_and((np.arange(8.0), dt.Shard(0)), (np.arange(8.0) + 8, dt.Shard(0)))
+    if rank == 0:
+        print(x)
+    else:
+        dt.reshard(y, y.mesh, [dt.Replicate()])
+
+
+def _gather_a_or_b_placements(w, rank):
+    """rank 0 gathers a while rank 1 gathers b of the same shape, split along another axis
+    (the same all-gather of 32 + 32 float64)."""
+    full = np.arange(64.0).reshape(8, 8)
+    a, b = _mesh_and((full, dt.Shard(0)), (full + 64, dt.Shard(1)))
+    (a if rank == 0 else b).numpy()
+
+
+def _gather_a_or_b_shape(w, rank):
+    """rank 0 gathers a while rank 1 gathers b of as many elements in another shape (the same
+    all-gather of 16 + 16 float64)."""
+    a, b = _mesh_and(
+        (np.arange(32.0).reshape(4, 8), dt.Shard(0)), (np.arange(32.0).reshape(8, 4), dt.Shard(0))
+    )
+    (a if rank == 0 else b).numpy()
+
+
+def _equal_calls_large(w, rank):
+    """Calls whose payloads do not fit the envelope, for all ranks or some: the check passes
+    and the data call moves them."""
+    out = np.empty(BIG)
+    w.allreduce(np.full(BIG, rank + 1.0), out, "sum")
+    assert np.array_equal(out, np.full(BIG, 3.0))
+    counts = [BIG, 1]  # rank 0's block does not fit, rank 1's does: both take the data call
+    out = np.empty(BIG + 1)
+    w.allgather(np.full(counts[rank], float(rank)), out, counts)
+    assert np.array_equal(out, [0.0] * BIG + [1.0])
+    buf = np.arange(float(BIG)) if rank == 0 else np.empty(BIG)
+    w.broadcast(buf, root=0)
+    assert np.array_equal(buf, np.arange(float(BIG)))
+    # uneven all-to-all, rank 0 sends 1 + BIG, rank 1 sends 2 + 1: not every payload fits
+    send_counts = [[1, BIG], [2, 1]][rank]
+    recv_counts = [[1, 2], [BIG, 1]][rank]
+    send = np.concatenate([np.full(c, 10.0 * rank + j) for j, c in enumerate(send_counts)])
+    out = np.empty(sum(recv_counts))
+    w.alltoall(send, send_counts, out, recv_counts)
+    want = np.concatenate([np.full(c, 10.0 * j + rank) for j, c in enumerate(recv_counts)])
+    assert np.array_equal(out, want)
+
+
+# values whose reductions do not depend on the order MPI combines two ranks' in (no +0.0 and
+# -0.0 meeting in max or min): NaN, infinities, ties, the dtypes' edges
+_REDUCED = {
+    "bool": ([True, False, False, True], [False, False, True, True]),
+    # sums wrap around as numpy's do (Open MPI's vectorized sum saturates: comm/mpi.py)
+    "int8": ([127, -5, 7, 0], [1, -128, 7, 3]),
+    "uint8": ([255, 1, 0, 200], [1, 255, 0, 100]),
+    "int16": ([32767, -5, 7, 0], [1, -32768, 7, 3]),
+    "uint16": ([65535, 1, 0, 40000], [1, 65535, 0, 40000]),
+    "int64": ([2**62, -3, 5, 0], [2**62, 4, -5, 1]),
+    "float16": ([65504.0, 1.5, np.nan, -np.inf], [65504.0, 2.0**-24, 1.0, 3.0]),  # overflow
+    "float32": ([1.0, np.nan, np.inf, -0.0], [2.0, 3.0, -np.inf, -1.0]),
+    "float64": ([1e300, -2.5, np.nan, 0.1], [1e300, 2.5, 7.0, 0.2]),
+    "complex128": ([1 + 2j, np.nan, 3 - 1j, 0.5j], [1 - 2j, 4 + 0j, 3 + 1j, -0.5j]),
+}
+
+
+def _carried_like_data_call(w, rank):
+    """Every dtype and op through the envelope (4 elements ride) and through MPI (the same
+    4 elements first in a buffer too large to ride): the same results, bit for bit."""
+    for name, values in _REDUCED.items():
+        dtype = np.dtype(name)
+        mine = np.array(values[rank], dtype)
+        for op in ("sum", "avg", "max", "min"):
+            if op == "avg" and dtype.kind not in "fc":
+                continue  # integers refuse an average on every path
+            if dtype.kind == "c" and op in ("max", "min"):
+                continue  # numpy's order of complex numbers: the same user op either way
+            small = np.empty(4, dtype)
+            with np.errstate(all="ignore"):
+                w.allreduce(mine, small, op)
+                big = np.zeros(BIG, dtype)
+                big[:4] = mine
+                w.allreduce(big, big, op)  # in place, as buckets do
+            got, want = small.view(np.uint8), big[:4].view(np.uint8)
+            assert np.array_equal(got, want), (name, op, small, big[:4])
+    counts = [3, 5]
+    send = np.arange(8.0) * (rank + 1)
+    out = np.empty(counts[rank])
+    w.reduce_scatter(send, out, counts, "max")
+    assert np.array_equal(out, (np.arange(8.0) * 2)[[slice(0, 3), slice(3, 8)][rank]])
+
+
+def _small_calls_ride(w, rank):
+    """Under MPI (fingerprint mode) a collective whose payloads fit the envelope never
+    reaches the backend's data call, and computes the data call's result; one that does not
+    fit makes exactly one data call."""
+    if w.backend != "mpi" or agree.DEBUG:
+        return  # simulated ranks meet in the data exchange; debug compares texts first
+    made = []
+    names = [f"_{call}" for call in DATA_CALLS]
+    for n in names:
+        setattr(w, n, lambda *args, n=n: made.append(n) or getattr(type(w), n)(w, *args))
+    try:
+        mine = np.arange(8.0) + 10 * rank
+        out = np.empty(8)
+        w.allreduce(mine, out, "sum")
+        assert np.array_equal(out, np.arange(8.0) * 2 + 10)
+        w.iallreduce(out, out, "max").wait()
+        assert np.array_equal(out, np.arange(8.0) * 2 + 10)
+        w.allgather(mine[:4], out, [4, 4])
+        assert np.array_equal(out, np.r_[0:4, 10:14])
+        w.allgather(mine[: 3 + 2 * rank], out, [3, 5])
+        assert np.array_equal(out, np.r_[0:3, 10:15])
+        w.reduce_scatter(mine, out[:4], [4, 4], "sum")
+        assert np.array_equal(out[:4], (np.arange(8.0) * 2 + 10)[4 * rank : 4 * rank + 4])
+        w.alltoall(mine, None, out, None)
+        assert np.array_equal(out, np.r_[0:4, 10:14] + 4 * rank)
+        sent = [1, 2 + rank]  # rank j sends 1 element to rank 0 and 2 + j to rank 1
+        recv_counts = [[1, 1], [2, 3]][rank]
+        got = np.empty(sum(recv_counts))
+        w.alltoall(mine[: sum(sent)], sent, got, recv_counts)
+        assert np.array_equal(got, [[0.0, 10.0], [1.0, 2.0, 11.0, 12.0, 13.0]][rank])
+        buf = mine.copy()
+        w.broadcast(buf, root=1)
+        assert np.array_equal(buf, np.arange(8.0) + 10)
+        w.barrier()
+        assert w.allgather_object({"rank": rank}) == [{"rank": 0}, {"rank": 1}]
+        assert made == [], made
+        w.allreduce(np.ones(BIG), np.empty(BIG), "sum")
+        assert made == ["_allreduce"], made
+    finally:
+        for n in names:
+            delattr(w, n)
+
+
 def _calls(call0: str, call1: str) -> tuple[str, ...]:
     """Both ranks' calls as the message names them (kind, then the key's fields)."""
     return (DIFFERENT_CALLS, f"rank 0: {call0} (call #", f"rank 1: {call1} (call #")
@@ -232,7 +450,56 @@ CASES = [
         _calls("reduce_scatter float64, (2, 2), sum", "reduce_scatter float64, (2, 2), min"),
     ),
     Case("root", _root, _calls("broadcast float64, 4, root, 0", "broadcast float64, 4, root, 1")),
+    Case(
+        "count_large",
+        _count_large,
+        _calls(f"all_reduce float64, {BIG}, sum", f"all_reduce float64, {BIG + 1}, sum"),
+    ),
+    Case(
+        "count_small_or_large",
+        _count_small_or_large,
+        _calls("all_reduce float64, 4, sum", f"all_reduce float64, {BIG}, sum"),
+    ),
+    Case(
+        "kind_allreduce_or_agreement",
+        _kind_allreduce_or_agreement,
+        _calls("all_reduce float64, 3, sum", "shard_tensor float64, 3, sum"),
+    ),
+    Case(
+        "print_or_reshard",
+        _print_or_reshard,
+        (
+            DIFFERENT_CALLS,
+            "rank 0: print (repr) > numpy() > reshard [Shard(dim=0)] -> [Replicate()] of (8,) "
+            "float64 on mesh (2,) > all_gather float64, (4, 4) (call #",
+            "rank 1: reshard [Shard(dim=0)] -> [Replicate()] of (8,) float64 on mesh (2,) > "
+            "all_gather float64, (4, 4) (call #",
+        ),
+    ),
+    Case(
+        "gather_a_or_b_placements",
+        _gather_a_or_b_placements,
+        (
+            DIFFERENT_CALLS,
+            "rank 0: numpy() > reshard [Shard(dim=0)] -> [Replicate()] of (8, 8) float64 on "
+            "mesh (2,) > all_gather float64, (32, 32) (call #",
+            "rank 1: numpy() > reshard [Shard(dim=1)] -> [Replicate()] of (8, 8) float64 on "
+            "mesh (2,) > all_gather float64, (32, 32) (call #",
+        ),
+    ),
+    Case(
+        "gather_a_or_b_shape",
+        _gather_a_or_b_shape,
+        (
+            DIFFERENT_CALLS,
+            "rank 0: numpy() > reshard [Shard(dim=0)] -> [Replicate()] of (4, 8) float64",
+            "rank 1: numpy() > reshard [Shard(dim=0)] -> [Replicate()] of (8, 4) float64",
+        ),
+    ),
     Case("equal_calls", _equal_calls),
+    Case("equal_calls_large", _equal_calls_large),
+    Case("carried_like_data_call", _carried_like_data_call),
+    Case("small_calls_ride", _small_calls_ride),
 ]
 BY_NAME = {c.name: c for c in CASES}
 MODES = ("fingerprint", "debug")

@@ -3,28 +3,86 @@
 Note [Ranks agree before a collective]
     MPI matches collectives by order only: if rank 0 gathers x while rank 1 reduces y, MPI
     either mixes their buffers silently, fails with an internal error, or waits forever. So
-    before every collective the comm layer issues, the ranks of its group check that they are
-    about to make the same call:
+    with every collective the comm layer issues, the ranks of its group check that they are
+    making the same call, before any result is returned:
 
-    * **By default** each rank hashes what must be equal on every rank of the group (the
-      collective's kind, dtype, element count or counts list, reduce op, root) into a 62-bit
-      fingerprint, and the group takes the max of ``(f, -f)`` in one all-reduce of 16 bytes on
-      a duplicate of the group's communicator (so it never meets a data collective). Equal
-      fingerprints give ``max f == min f``. The price is one small round trip per collective
-      (docs/performance.md measures it); point-to-point sends are not checked.
+    * **By default** each rank hashes what must be equal on every rank of the group into a
+      62-bit fingerprint: the collective's kind, dtype, element count or counts list, reduce
+      op, root, and what the library is doing (the ``doing`` items the upper layers set: the
+      op with its inputs' shapes, dtypes and placements, the reshard with its source and
+      target specs and mesh, printing, ``numpy()``, ``float()``, backward, a DataParallel
+      bucket, ...). So two ranks that make collectives of one kind and size for different
+      reasons (rank 0 prints x while rank 1 reshards y; rank 0 gathers a while rank 1 gathers
+      b of another shape or placements) differ too. The user's source line is left out: ranks
+      may make the same call from different lines (``if rank == 0: print(x) else: str(x)``).
+      How the fingerprints travel is Note [The check rides along]: under MPI, in the same
+      message as a small collective's data. Point-to-point sends are not checked.
     * On a mismatch every rank of the group (all of them reached the check) exchanges a
-      description of its call: the collective, what the library was doing (the op, the
-      reshard with its placements, shape and dtype, printing, ...: the ``doing`` context the
-      upper layers set) and the user's source line, and raises :class:`RanksDiverged` with
-      the per-rank diff, on every rank, before any data moves.
-    * ``DISTTENSOR_DEBUG=1`` compares those full descriptions (minus the source line, which
-      may legitimately differ) before every collective instead of the fingerprint: one small
-      all-gather of text per collective. ``DISTTENSOR_CHECK=0`` turns the check off.
+      description of its call: the collective, what the library was doing and the user's
+      source line, and raises :class:`RanksDiverged` with the per-rank diff, on every rank,
+      before any result is returned.
+    * ``DISTTENSOR_DEBUG=1`` compares those full descriptions (minus the source line) before
+      every collective instead of the fingerprint: one small all-gather of text per
+      collective. ``DISTTENSOR_CHECK=0`` turns the check off.
 
     A rank that never reaches the check (it left the job, or waits in another group) cannot
     be compared: that is the watchdog's part (comm/watchdog.py). Checks are counted apart from
     the collectives they guard (``CommCounter.checks``), so collective counts stay those of
     the program.
+
+    What the library is doing costs little per collective: each ``doing`` item is described
+    and hashed once per distinct (what, arguments), cached by that key (a list argument, the
+    inputs of an op, keyed by its tensors' specs, which are all a label reads of them), and
+    the items' hashes are combined in stack order.
+
+Note [The check rides along]
+    MPI matches collectives by order and nothing else, so a check carried *inside* a data
+    collective cannot protect ranks whose calls differ in kind or size: an all-reduce on
+    rank 0 against an all-gather on rank 1 waits for ever or mixes bytes inside MPI before
+    any fingerprint in it could be compared. So every checked collective of a group, whatever
+    its kind, dtype or size, starts with one and the same MPI call: the **envelope**, an
+    all-gather of one fixed-size slot per rank on the group's own check channel (a duplicate
+    of its communicator). A slot holds the rank's fingerprint, the byte size of its payload
+    (-1: none) and the payload: the call's send data, where it fits in ``room`` bytes. Ranks
+    in different calls still meet in the envelope, see every rank's fingerprint, and raise
+    before any data call is issued.
+
+    * Where every rank's payload fits (an 8-float all-reduce, a small gather, a barrier),
+      the envelope *is* the collective: each rank computes its result from the gathered
+      slots (reductions in rank order with the MPI backend's dtype rules: float16 summed in
+      float32, bool as logical or/and, NaN-propagating max/min, 8- and 16-bit sums wrapping
+      around; so every rank gets the same bits). One MPI call instead of the check's round
+      trip plus the data call. (mpi.py: ``MPIComm._check`` and the kinds' pack and unpack
+      functions; the all-reduce's written out in ``MPIComm.allreduce``.)
+    * Otherwise (a payload too large on some rank, device buffers, a bare ``agree``) the
+      envelope is the check alone and the data call follows, as before; the slot's size
+      costs nothing next to such data.
+    * ``room`` is about 4 KiB over the whole group (mpi.ENVELOPE_BYTES divided by the ranks,
+      less the 16-byte header): 2032 bytes a rank on 2 ranks, 496 on 8, none from 256 ranks,
+      so up to 256 ranks an envelope gathers at most 4 KiB; beyond, 16 bytes a rank (the
+      16-byte all-reduce it replaces grew with the log of the ranks only).
+
+    The alternatives, as raw mpi4py on 2 ranks (bench/collectives.py --alternatives; MPICH
+    5.0.2, an 8-float all-reduce alone 3.42 us; docs/performance.md, "The agreement check
+    before each collective"): the 16-byte all-reduce of (f, -f) before the data call (the
+    check before issue 23) 6.99 us; that check started non-blocking and waited after the data
+    call 6.18 us (on shared memory both collectives' work falls on the same cores) and it
+    hangs in the data call where kinds differ; the fingerprint folded into an all-reduce's
+    data as extra elements 4.58 us, but it protects only ranks that make the same kind of
+    call of the same size (an all-reduce against an all-gather waits for ever in MPICH 5.0.2
+    and Open MPI 5.0.11; all-reduces of 4 and 5 elements give rank 0 a truncation error and
+    rank 1, under Open MPI, a half-reduced buffer); the envelope 3.77 us, since MPICH's
+    all-gather of 2 KiB is cheaper than its all-reduce of 32 bytes. So the envelope.
+
+    What the fingerprint cannot hold is which tensor a call is for: rank 0 gathering a while
+    rank 1 gathers b of the very same spec (shape, dtype, placements, mesh) for the same
+    reason still pass; the layers above would have to name the tensor in their ``doing``.
+
+    Simulated ranks (comm/threads.py) meet in every collective anyway: the fingerprint
+    travels in the collective's own exchange. A device communicator (comm/nccl.py) checks
+    over its MPI communicator's envelope, then moves device data over NCCL.
+    ``DISTTENSOR_DEBUG=1`` compares the texts before the data call and never rides;
+    ``DISTTENSOR_CHECK=0`` sends no envelope.
 """
 
 from __future__ import annotations
@@ -92,13 +150,14 @@ def context() -> str:
     stack = _doing.stack
     if not stack:
         return ""
-    parts = []
-    for what, args in stack:
-        try:
-            parts.append(what(*args) if callable(what) else what)
-        except Exception as e:  # a description must never hide the real error
-            parts.append(f"<{type(e).__name__} describing the call>")
-    return " > ".join(parts)
+    return " > ".join(_describe(what, args) for what, args in stack)
+
+
+def _describe(what: str | Callable[..., str], args: tuple) -> str:
+    try:
+        return what(*args) if callable(what) else what
+    except Exception as e:  # a description must never hide the real error
+        return f"<{type(e).__name__} describing the call>"
 
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -124,11 +183,58 @@ def fingerprint(kind: str, key: tuple) -> int:
     """A 62-bit hash of (kind, key), the same in every process (no Python hash seed);
     remembered for the next call with an equal key."""
     text = f"{kind}{key!r}".encode()
-    fp = ((zlib.crc32(text) << 32) | zlib.adler32(text)) & MASK
+    fp = _hash(text)
     if len(FINGERPRINTS) > 65536:
         FINGERPRINTS.clear()
     FINGERPRINTS[kind, key] = fp
     return fp
+
+
+def _hash(text: bytes) -> int:
+    return ((zlib.crc32(text) << 32) | zlib.adler32(text)) & MASK
+
+
+def current(kind: str, key: tuple) -> int:
+    """The fingerprint of this rank's call now: ``fingerprint(kind, key)`` and what the
+    library is doing (Note [Ranks agree before a collective])."""
+    fp = FINGERPRINTS.get((kind, key))
+    if fp is None:
+        fp = fingerprint(kind, key)
+    stack = _doing.stack
+    if stack:
+        h = 0
+        for item in stack:  # in order: "numpy() > reshard" is not "reshard > numpy()"
+            h = (h * _MIX + _item_hash(item)) & MASK
+        fp ^= h
+    return fp
+
+
+_MIX = 0x100000001B3  # FNV's 64-bit prime
+ITEMS: dict[Any, int] = {}  # a doing item's key -> the hash of its description
+
+
+def _item_hash(item: tuple) -> int:
+    """The hash of one ``doing`` item's description, cached by (what, arguments)."""
+    what, args = item
+    key: Any = item
+    for a in args:
+        if type(a) is list:  # an op's inputs: tensors, keyed by the specs their labels read
+            key = (what, *[_specs(a) if type(a) is list else a for a in args])
+            break
+    try:
+        h = ITEMS.get(key)
+    except TypeError:  # an argument that cannot key a dict: described each time
+        return _hash(_describe(what, args).encode())
+    if h is None:
+        h = _hash(_describe(what, args).encode())
+        if len(ITEMS) > 4096:
+            ITEMS.clear()
+        ITEMS[key] = h
+    return h
+
+
+def _specs(tensors: list) -> tuple:
+    return tuple(getattr(t, "_spec", t) for t in tensors)
 
 
 def describe(kind: str, key: tuple, seq: int, ranks: tuple[int, ...]) -> str:

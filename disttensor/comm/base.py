@@ -19,13 +19,18 @@ from . import agree
 
 REDUCE_OPS = ("sum", "avg", "max", "min")
 
+
 # Collective observers (dt.CommCounter) are per thread, so each simulated rank counts its own.
-_observers = threading.local()
+class _Observers(threading.local):
+    fns: list | None = None  # a class default: no AttributeError raised on every collective
+
+
+_observers = _Observers()
 
 
 def add_observer(fn: Callable[[str, int], None]) -> None:
     """Call ``fn(kind, nbytes)`` for every collective this thread starts."""
-    if not hasattr(_observers, "fns"):
+    if _observers.fns is None:
         _observers.fns = []
     _observers.fns.append(fn)
 
@@ -38,7 +43,7 @@ def record(kind: str, nbytes: int) -> None:
     """Report one collective of ``kind`` moving ``nbytes`` (the send buffer handed to it);
     kind "check" is the agreement before a collective (Note [Ranks agree before a
     collective] in comm/agree.py)."""
-    fns = getattr(_observers, "fns", None)
+    fns = _observers.fns
     if fns:
         for fn in fns:
             fn(kind, nbytes)
@@ -94,6 +99,10 @@ class Communicator:
 
         Creation is collective over the members only, so all of them must ask in the same order.
         """
+        if type(ranks) is tuple:  # the meshes' own tuples: found without a new key
+            g = self if ranks == self.ranks else self._groups.get(ranks)
+            if g is not None:
+                return g
         key = tuple(int(r) for r in ranks)
         if key == self.ranks:
             return self
@@ -106,68 +115,88 @@ class Communicator:
     def agree(self, kind: str, key: tuple) -> None:
         """Check that every rank of the group is about to do the same ``kind`` with an equal
         ``key`` (a tuple of values that must match on every rank: dtypes, ints, strs, tuples
-        of those), and raise
+        of those) for the same reason (what the library is doing), and raise
         ``RanksDiverged`` with each rank's call on every rank if not. Collective."""
+        self._check(kind, key, None)
+
+    def _check(self, kind: str, key: tuple, call: tuple | None) -> Any:
+        """``agree``, offering the backend the collective's own arguments ``call`` to carry
+        with the fingerprint (Note [The check rides along]; None: a bare agreement). Returns
+        None when the collective has still to run, else what it returns where the backend
+        carried it (True for a collective that returns nothing)."""
         self._seq += 1
         if self.size == 1:
-            return
+            return None
         record("check", 16)
         if agree.DEBUG:
             mine = agree.full(kind, key)
             if all(t == mine for t in self._check_all(mine, kind)):
-                return
+                return None
         else:
-            fp = agree.FINGERPRINTS.get((kind, key))
-            if fp is None:
-                fp = agree.fingerprint(kind, key)
-            if self._check_fp(fp, kind):
-                return
+            same, out = self._check_fp(agree.current(kind, key), kind, call)
+            if same:
+                return out
+        self._diverged(kind, key)
+
+    def _diverged(self, kind: str, key: tuple) -> None:
+        """After a check that found the ranks' calls differ (every rank of the group found it):
+        raise ``RanksDiverged`` naming each rank's call, on every rank."""
         calls = self._check_all((kind, agree.describe(kind, key, self._seq, self.ranks)), kind)
         raise agree.diverged(calls, self.ranks)
 
-    def _agree_before(self, kind: str, key: tuple) -> None:
-        """The agreement before a collective of ``kind``: ``agree`` here; a backend whose
-        collectives meet anyway (simulated ranks) carries it in the collective's own
-        exchange."""
+    def _agree_before(self, kind: str, key: tuple, call: tuple) -> Any:
+        """The agreement before a collective of ``kind`` with arguments ``call``: None when
+        the collective has still to run, else its result (``_check``; MPI's backend carries
+        small calls in its check). Simulated ranks carry the check in the collective's own
+        exchange instead."""
         self.agree(kind, key)
+        return None
 
-    # -- collectives -------------------------------------------------------------------------
+    # -- collectives: each is checked, counted, then run unless the check carried it -----------
     def allreduce(self, send: np.ndarray, recv: np.ndarray, op: str = "sum") -> None:
         """``recv`` gets the ``op``-reduction of every rank's ``send``; ``send is recv`` reduces
         in place."""
-        if agree.CHECK:
-            self._agree_before("all_reduce", (send.dtype, send.size, op))
+        carried = agree.CHECK and self._agree_before(
+            "all_reduce", (send.dtype, send.size, op), (send, recv, op)
+        )
         record("all_reduce", send.nbytes)
-        self._allreduce(send, recv, op)
+        if not carried:
+            self._allreduce(send, recv, op)
 
     def iallreduce(self, send: np.ndarray, recv: np.ndarray, op: str = "sum") -> Work:
         """Non-blocking ``allreduce`` (in place too): neither buffer may be touched until
         the returned Work's ``wait()``. Counted as an all_reduce; checked as a kind of its
         own, since MPI never matches it with a blocking one (a rank here and another in
         ``allreduce`` would wait for ever)."""
+        work = None
         if agree.CHECK:
-            self._agree_before("iall_reduce", (send.dtype, send.size, op))
+            key = (send.dtype, send.size, op)
+            work = self._agree_before("iall_reduce", key, (send, recv, op))
         record("all_reduce", send.nbytes)
-        return self._iallreduce(send, recv, op)
+        return self._iallreduce(send, recv, op) if work is None else work
 
     def allgather(self, send: np.ndarray, recv: np.ndarray, counts: Sequence[int]) -> None:
         """Rank i contributes ``counts[i]`` elements; ``recv`` gets them concatenated by rank.
 
         ``counts`` must be the same list on every rank of the group.
         """
-        if agree.CHECK:
-            self._agree_before("all_gather", (send.dtype, tuple(counts)))
+        carried = agree.CHECK and self._agree_before(
+            "all_gather", (send.dtype, tuple(counts)), (send, recv, counts)
+        )
         record("all_gather", send.nbytes)
-        self._allgather(send, recv, counts)
+        if not carried:
+            self._allgather(send, recv, counts)
 
     def reduce_scatter(
         self, send: np.ndarray, recv: np.ndarray, counts: Sequence[int], op: str = "sum"
     ) -> None:
         """``send`` holds ``sum(counts)`` elements; rank i receives the reduced block i."""
-        if agree.CHECK:
-            self._agree_before("reduce_scatter", (send.dtype, tuple(counts), op))
+        carried = agree.CHECK and self._agree_before(
+            "reduce_scatter", (send.dtype, tuple(counts), op), (send, recv, counts, op)
+        )
         record("reduce_scatter", send.nbytes)
-        self._reduce_scatter(send, recv, counts, op)
+        if not carried:
+            self._reduce_scatter(send, recv, counts, op)
 
     def alltoall(
         self,
@@ -182,17 +211,23 @@ class Communicator:
         that for all ranks (a rank's own counts may look equal when others' do not), and MPI
         runs equal-block all-to-all markedly faster.
         """
+        carried = None
         if agree.CHECK:  # per-rank counts differ legitimately; equal blocks are equal sizes
             blocks = (send.size, "equal blocks") if send_counts is None else ()
-            self._agree_before("all_to_all", (send.dtype, *blocks))
+            carried = self._agree_before(
+                "all_to_all", (send.dtype, *blocks), (send, send_counts, recv, recv_counts)
+            )
         record("all_to_all", send.nbytes)
-        self._alltoall(send, send_counts, recv, recv_counts)
+        if not carried:
+            self._alltoall(send, send_counts, recv, recv_counts)
 
     def broadcast(self, buf: np.ndarray, root: int = 0) -> None:
-        if agree.CHECK:
-            self._agree_before("broadcast", (buf.dtype, buf.size, "root", root))
+        carried = agree.CHECK and self._agree_before(
+            "broadcast", (buf.dtype, buf.size, "root", root), (buf, root)
+        )
         record("broadcast", buf.nbytes if self.rank == root else 0)
-        self._broadcast(buf, root)
+        if not carried:
+            self._broadcast(buf, root)
 
     def isend(self, buf: np.ndarray, dest: int, tag: int = 0) -> Work:
         record("send", buf.nbytes)
@@ -208,17 +243,18 @@ class Communicator:
         self.irecv(buf, source, tag).wait()
 
     def barrier(self) -> None:
-        if agree.CHECK:
-            self._agree_before("barrier", ())
+        carried = agree.CHECK and self._agree_before("barrier", (), ())
         record("barrier", 0)
-        self._barrier()
+        if not carried:
+            self._barrier()
 
     def allgather_object(self, obj: Any) -> list[Any]:
         """Small metadata only (shapes, flags): pickled, never used for tensor data."""
+        every = None
         if agree.CHECK:
-            self._agree_before("all_gather_object", ())
+            every = self._agree_before("all_gather_object", (), (obj,))
         record("all_gather_object", 0)
-        return self._allgather_object(obj)
+        return self._allgather_object(obj) if every is None else every
 
     # -- backend hooks -----------------------------------------------------------------------
     def _new_group(self, ranks: tuple[int, ...]) -> Communicator:
@@ -255,9 +291,11 @@ class Communicator:
     def _allgather_object(self, obj):
         raise NotImplementedError
 
-    def _check_fp(self, fp: int, kind: str) -> bool:
-        """Whether every rank of the group passed the same ``fp`` (apart from data traffic;
-        a rank left waiting here is reported as waiting in ``kind``)."""
+    def _check_fp(self, fp: int, kind: str, call: tuple | None = None) -> tuple[bool, Any]:
+        """(whether every rank of the group passed the same ``fp``, None or the result of
+        the collective ``kind`` with arguments ``call`` where the backend carried it with
+        the fingerprint: ``_check``). Apart from data traffic; a rank left waiting here is
+        reported as waiting in ``kind``."""
         raise NotImplementedError
 
     def _check_all(self, obj: Any, kind: str) -> list[Any]:

@@ -4,7 +4,10 @@ Data movement (gather, all-to-all, broadcast, send/recv) sends raw bytes, so eve
 works. Reductions use MPI's types: bool is reduced as uint8 with MAX/MIN (logical or/and), and
 float16, which MPI lacks, is reduced in float32. MAX/MIN of floating and complex numbers use
 numpy's maximum/minimum as MPI user ops: MPI's own MAX drops a NaN or keeps it depending on
-the order the ranks are combined in (numpy propagates it), and has no complex MAX at all.
+the order the ranks are combined in (numpy propagates it), and has no complex MAX at all. Sums
+of 8- and 16-bit integers are taken in int32 and cast back, so they wrap around as numpy's do:
+Open MPI 5 saturates them where its vectorized sum runs (4096 int16 of 32767 on 2 ranks sum
+to 32767 there, to -2 in numpy, in MPICH and in Open MPI's own sum of 4 elements).
 
 Note [Host staging]
     MPI moves host memory (a CUDA-aware MPI is not assumed). A device array handed to a
@@ -20,24 +23,30 @@ from __future__ import annotations
 
 import functools
 import os
+import pickle
 import sys
 import time
 import traceback
+from typing import Any
 
 import numpy as np
 
 from ..backend import DEVICE_ARRAYS, of
-from .base import Communicator, Work, displacements, equal_counts
+from . import agree
+from .base import Communicator, Work, displacements, equal_counts, record
 from .watchdog import WATCH
 
 _OPS = {}
+_MODULE: list = []  # mpi4py.MPI once imported: an import statement per call costs a collective
 
 
 def _mpi():
+    if _MODULE:
+        return _MODULE[0]
     from mpi4py import MPI  # lazy: importing disttensor must not initialize MPI
 
-    if not _OPS:
-        _OPS.update(sum=MPI.SUM, avg=MPI.SUM, max=MPI.MAX, min=MPI.MIN)
+    _OPS.update(sum=MPI.SUM, avg=MPI.SUM, max=MPI.MAX, min=MPI.MIN)
+    _MODULE.append(MPI)
     return MPI
 
 
@@ -69,6 +78,211 @@ def _bytes(a: np.ndarray) -> np.ndarray:
     return a.reshape(-1).view(np.uint8)
 
 
+# -- the envelope (Note [The check rides along] in comm/agree.py) -----------------------------
+HEAD = 16  # a slot's header: the fingerprint and the payload's byte size (-1: none), int64
+ENVELOPE_BYTES = 4096  # a group's envelope gathers about this much at most
+
+
+def room(size: int) -> int:
+    """Payload bytes a rank's slot holds in a group of ``size`` ranks (a multiple of 16, so
+    every payload starts 16-byte aligned)."""
+    return max(0, (ENVELOPE_BYTES // size - HEAD) // 16 * 16)
+
+
+class _Envelope:
+    """A group's envelope buffers, made at its first check and reused: this rank's slot, and
+    every rank's after the all-gather."""
+
+    __slots__ = ("gather", "room", "mine", "every", "head", "heads", "typed", "rows", "specs")
+
+    def __init__(self, comm, size: int) -> None:
+        self.gather = comm.Allgather  # on the group's check channel
+        self.room = room(size)
+        slot = HEAD + self.room
+        self.mine = np.zeros(slot, np.uint8)
+        self.every = np.empty((size, slot), np.uint8)
+        # mpi4py's message specs made once: parsing two arrays per call costs more
+        MPI = _mpi()
+        self.specs = ([MPI.buffer(self.mine), slot, MPI.BYTE],
+                      [MPI.buffer(self.every), slot, MPI.BYTE])  # fmt: skip
+        self.head = self.mine[:HEAD].view(np.int64)
+        self.heads = self.every[:, :HEAD].view(np.int64)  # every rank's (fingerprint, size)
+        self.typed: dict[tuple, tuple] = {}
+        self.rows: list = []  # every rank's payload of the reduction being packed
+
+    def views(self, dtype: np.dtype, shape: tuple) -> tuple:
+        """(this rank's payload, every rank's payload row by row) as ``dtype`` arrays of
+        ``shape``: the all-reduce's hot path copies in and reduces out without a reshape."""
+        hit = self.typed.get((dtype, shape))
+        if hit is None:
+            n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            mine = self.mine[HEAD : HEAD + n].view(dtype).reshape(shape)
+            every = self.every[:, HEAD : HEAD + n].view(dtype)
+            rows = [r.reshape(shape) for r in every]
+            if len(self.typed) > 256:
+                self.typed.clear()
+            hit = self.typed[dtype, shape] = (mine, rows)
+        return hit
+
+    def payload(self, rank: int, nbytes: int, offset: int = 0) -> np.ndarray:
+        """``rank``'s payload bytes ``[offset, offset + nbytes)``."""
+        return self.every[rank, HEAD + offset : HEAD + offset + nbytes]
+
+
+def _host(a: Any, b: Any) -> bool:
+    """Whether both buffers are host memory (device buffers never ride: Note [Host staging])."""
+    return isinstance(a, np.ndarray) and isinstance(b, np.ndarray)
+
+
+_UFUNCS = {"sum": np.add, "avg": np.add, "max": np.maximum, "min": np.minimum}
+
+
+def _reduce_rows(rows: list, out: np.ndarray, op: str, size: int) -> None:
+    """``out`` = the ``op``-reduction of ``rows`` in rank order, by the module doc's rules
+    for dtypes (so a carried reduction equals what MPI computes through ``_reduce_view``)."""
+    f = _UFUNCS[op]
+    char = out.dtype.char
+    if size == 2 and op != "avg" and char not in "?e":  # the common case, in one call
+        f(rows[0], rows[1], out=out)
+        return
+    acc = out
+    if char == "?":  # bool: logical or, and for min
+        f = np.logical_and if op == "min" else np.logical_or
+    elif char == "e":  # float16: in float32, rounded once
+        acc = rows[0].astype(np.float32)
+        rows = [acc, *rows[1:]]
+    f(rows[0], rows[1], out=acc)
+    for r in rows[2:]:
+        f(acc, r, out=acc)
+    if op == "avg":
+        acc /= size  # integers and bools refuse, as in _finish
+    if acc is not out:
+        out[...] = acc
+
+
+# Each kind that rides: pack (this rank's payload into the slot, returning its byte size, or
+# -1 when it does not fit or is not host memory) and unpack (the call's result from the
+# gathered slots, once every rank's payload is there). Both get the communicator, its
+# envelope and the collective's own arguments.
+def _pack_reduce(c, e, send, recv, *rest):
+    if send.nbytes > e.room or not _host(send, recv):
+        return -1
+    mine, e.rows = e.views(send.dtype, send.shape)
+    mine[...] = send
+    return send.nbytes
+
+
+def _unpack_iallreduce(c, e, send, recv, op):
+    _reduce_rows(e.rows, recv.reshape(send.shape), op, c.size)
+    return Work()  # already complete
+
+
+def _unpack_reduce_scatter(c, e, send, recv, counts, op):
+    start = sum(counts[: c.rank]) * send.itemsize
+    n = counts[c.rank] * send.itemsize
+    rows = [e.payload(r, n, start).view(send.dtype) for r in range(c.size)]
+    _reduce_rows(rows, recv.reshape(-1), op, c.size)
+    return True
+
+
+def _put(e, a: np.ndarray, offset: int = 0) -> int:
+    """``a``'s bytes into this rank's payload at ``offset``: the payload's end, or -1."""
+    end = offset + a.nbytes
+    if end > e.room:
+        return -1
+    e.mine[HEAD + offset : HEAD + end] = _bytes(a)
+    return end
+
+
+def _pack_allgather(c, e, send, recv, counts):
+    return _put(e, send) if _host(send, recv) else -1
+
+
+def _unpack_allgather(c, e, send, recv, counts):
+    isz = recv.itemsize
+    out = _bytes(recv)
+    if len(set(counts)) == 1:
+        n = counts[0] * isz
+        out.reshape(c.size, n)[...] = e.every[:, HEAD : HEAD + n]
+        return True
+    at = 0
+    for r, count in enumerate(counts):
+        n = count * isz
+        out[at : at + n] = e.payload(r, n)
+        at += n
+    return True
+
+
+def _pack_alltoall(c, e, send, send_counts, recv, recv_counts):
+    if not _host(send, recv):
+        return -1
+    if send_counts is None:  # equal blocks: the key holds send.size, equal on every rank
+        return _put(e, send)
+    # the sender's counts go first: a receiver finds its block by them
+    at = _put(e, np.asarray(send_counts, np.int64))
+    return _put(e, send, at) if at >= 0 else -1
+
+
+def _unpack_alltoall(c, e, send, send_counts, recv, recv_counts):
+    isz = recv.itemsize
+    out = _bytes(recv)
+    rc = recv_counts or equal_counts(recv, c.size)
+    block = send.size // c.size * c.rank * isz
+    at = 0
+    for r, count in enumerate(rc):
+        n = count * isz
+        if send_counts is None:
+            start = block
+        else:
+            theirs = e.payload(r, 8 * c.size).view(np.int64)
+            start = 8 * c.size + int(theirs[: c.rank].sum()) * isz
+        out[at : at + n] = e.payload(r, n, start)
+        at += n
+    return True
+
+
+def _pack_broadcast(c, e, buf, root):
+    if not _host(buf, buf) or buf.nbytes > e.room:
+        return -1
+    if c.rank == root:
+        _put(e, buf)
+    return buf.nbytes  # every rank says it fits: the root alone sends its bytes
+
+
+def _unpack_broadcast(c, e, buf, root):
+    if c.rank != root:
+        _bytes(buf)[...] = e.payload(root, buf.nbytes)
+    return True
+
+
+def _pack_nothing(c, e):
+    return 0
+
+
+def _unpack_barrier(c, e):
+    return True  # the envelope is the barrier: no rank leaves it before every rank came
+
+
+def _pack_object(c, e, obj):
+    return _put(e, np.frombuffer(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL), np.uint8))
+
+
+def _unpack_object(c, e, obj):
+    sizes = e.heads[:, 1].tolist()
+    return [pickle.loads(e.payload(r, n).tobytes()) for r, n in enumerate(sizes)]
+
+
+_RIDES = {  # all_reduce rides in MPIComm.allreduce, written out
+    "iall_reduce": (_pack_reduce, _unpack_iallreduce),
+    "reduce_scatter": (_pack_reduce, _unpack_reduce_scatter),
+    "all_gather": (_pack_allgather, _unpack_allgather),
+    "all_to_all": (_pack_alltoall, _unpack_alltoall),
+    "broadcast": (_pack_broadcast, _unpack_broadcast),
+    "barrier": (_pack_nothing, _unpack_barrier),
+    "all_gather_object": (_pack_object, _unpack_object),
+}
+
+
 def _staged(*written: int, reads_written: bool = False):
     """Note [Host staging] for a method whose positional arguments ``written`` are the
     arrays it writes (``reads_written``: it reads them first too, as a broadcast's root)."""
@@ -76,8 +290,8 @@ def _staged(*written: int, reads_written: bool = False):
     def deco(method):
         @functools.wraps(method)
         def call(self, *args):
-            if not any(type(a) in DEVICE_ARRAYS for a in args):
-                return method(self, *args)
+            if not DEVICE_ARRAYS or not any(type(a) in DEVICE_ARRAYS for a in args):
+                return method(self, *args)  # no device backend registered: nothing to stage
             staged = list(args)
             hosts: dict[int, np.ndarray] = {}  # an array passed twice is staged once
             for i in sorted(range(len(args)), key=lambda i: i in written):  # reads first
@@ -125,7 +339,7 @@ class MPIComm(Communicator):
         self.size = comm.Get_size()
         self.ranks = ranks
         self._checker = None  # a duplicate of comm for agreement checks, made at the first
-        self._fp = np.empty(2, np.int64)  # check (which every rank of the group makes)
+        self._envelope: _Envelope | None = None  # check (which every rank of the group makes)
 
     def _new_group(self, ranks: tuple[int, ...]) -> Communicator:
         MPI = _mpi()
@@ -141,13 +355,14 @@ class MPIComm(Communicator):
     # Reductions -------------------------------------------------------------------------------
     def _reduce_view(self, send: np.ndarray, recv: np.ndarray, op: str):
         """Buffers and MPI op for a reduction, with the dtype work-arounds of the module doc."""
-        if send.dtype == np.bool_:
+        char = send.dtype.char
+        if char == "?":
             s = _IN_PLACE() if send is recv else _bytes(send)
             return s, _bytes(recv), _OPS["min" if op == "min" else "max"], None
-        if send.dtype == np.float16:
-            wide = np.empty(recv.shape, np.float32)
+        if char == "e" or (char in "bBhH" and op in ("sum", "avg")):
+            wide = np.empty(recv.shape, np.float32 if char == "e" else np.int32)
             mop = _numpy_op(op, wide.dtype) if op in ("max", "min") else _OPS[op]
-            return send.astype(np.float32), wide, mop, wide
+            return send.astype(wide.dtype), wide, mop, wide
         mop = _OPS[op]
         if op in ("max", "min") and send.dtype.kind in "fc":
             mop = _numpy_op(op, send.dtype)
@@ -237,15 +452,82 @@ class MPIComm(Communicator):
             self._checker = self.comm.Dup()  # its own channel: never matched with data calls
         return self._checker
 
-    def _check_fp(self, fp, kind):
-        buf = self._fp
-        buf[0], buf[1] = fp, -fp
+    def _check(self, kind, key, call):
+        """``Communicator._check`` with the fingerprints in the envelope, and ``call``'s data
+        in it too where every rank's fits (Note [The check rides along] in comm/agree.py)."""
+        if agree.DEBUG or self.size == 1:
+            return Communicator._check(self, kind, key, call)
+        self._seq += 1
+        record("check", 16)
+        fp = agree.current(kind, key)
+        e = self._envelope or self._new_envelope()
+        rides = None if call is None else _RIDES.get(kind)
+        carried = self._exchange(e, fp, kind, -1 if rides is None else rides[0](self, e, *call))
+        if carried is None:
+            self._diverged(kind, key)
+        return rides[1](self, e, *call) if carried else None
+
+    _agree_before = _check
+
+    def allreduce(self, send, recv, op="sum"):
+        """``Communicator.allreduce``, whose small case (host buffers, a payload that fits
+        the envelope) is ``_check``'s carried path written out: the Partial -> Replicate of
+        a loss or a norm, where the Python around the MPI call is most of the time."""
+        if (
+            not agree.CHECK
+            or agree.DEBUG
+            or self.size == 1
+            or type(send) is not np.ndarray
+            or type(recv) is not np.ndarray
+        ):
+            return Communicator.allreduce(self, send, recv, op)
+        e = self._envelope or self._new_envelope()
+        if send.nbytes > e.room:
+            return Communicator.allreduce(self, send, recv, op)
+        key = (send.dtype, send.size, op)
+        self._seq += 1
+        record("check", 16)
+        mine, rows = e.views(send.dtype, send.shape)
+        mine[...] = send
+        carried = self._exchange(e, agree.current("all_reduce", key), "all_reduce", send.nbytes)
+        if carried is None:
+            self._diverged("all_reduce", key)
+        record("all_reduce", send.nbytes)
+        if not carried:  # another rank's buffers are not host memory: the data call
+            self._allreduce(send, recv, op)
+        elif recv.shape == send.shape:
+            _reduce_rows(rows, recv, op, self.size)
+        else:
+            _reduce_rows(rows, recv.reshape(send.shape), op, self.size)
+
+    def _check_fp(self, fp, kind, call=None):
+        """The bare check in the envelope (a device communicator's, comm/nccl.py)."""
+        same = self._exchange(self._envelope or self._new_envelope(), fp, kind, -1)
+        return same is not None, None
+
+    def _new_envelope(self) -> _Envelope:
+        self._envelope = _Envelope(self._checks(), self.size)
+        return self._envelope
+
+    def _exchange(self, e: _Envelope, fp: int, kind: str, size: int) -> bool | None:
+        """Send this rank's slot (``fp`` and a payload of ``size`` bytes, already packed; -1:
+        none), gather every rank's: None if the fingerprints differ, else whether every
+        rank's payload is there."""
+        head = e.head
+        head[0] = fp
+        head[1] = size
         key = WATCH.enter(kind, self.ranks)  # a rank that never comes: as if in the call
         try:
-            self._checks().Allreduce(_IN_PLACE(), buf, _OPS["max"])
+            e.gather(*e.specs)
         finally:
             WATCH.exit(key)
-        return int(buf[0]) == -int(buf[1])  # max f == min f: every rank passed the same f
+        carried = True
+        for f, n in e.heads.tolist():
+            if f != fp:
+                return None
+            if n < 0:  # a payload not there: the data call moves them all
+                carried = False
+        return carried
 
     def _check_all(self, obj, kind):
         key = WATCH.enter(kind, self.ranks)

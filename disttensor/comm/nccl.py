@@ -281,8 +281,8 @@ class NCCLComm(Communicator):
     def agree(self, kind: str, key: tuple) -> None:
         self.mpi.agree(kind, key)  # on the MPI backend's own channel for checks
 
-    def _check_fp(self, fp: int, kind: str) -> bool:
-        return self.mpi._check_fp(fp, kind)
+    def _check_fp(self, fp: int, kind: str, call: tuple | None = None) -> tuple[bool, Any]:
+        return self.mpi._check_fp(fp, kind)  # device data never rides the MPI envelope
 
     def _check_all(self, obj: Any, kind: str) -> list[Any]:
         return self.mpi._check_all(obj, kind)

@@ -146,10 +146,7 @@ class ThreadComm(Communicator):
     _pending: tuple | None = None  # (kind, key, agreement) of the collective about to start
 
     def _mine(self, kind: str, key: tuple) -> Any:
-        if agree.DEBUG:
-            return agree.full(kind, key)
-        fp = agree.FINGERPRINTS.get((kind, key))
-        return agree.fingerprint(kind, key) if fp is None else fp
+        return agree.full(kind, key) if agree.DEBUG else agree.current(kind, key)
 
     def agree(self, kind, key):
         self._seq += 1
@@ -161,11 +158,12 @@ class ThreadComm(Communicator):
         if got is MISMATCH:
             self._diverged(kind, key)
 
-    def _agree_before(self, kind, key):
+    def _agree_before(self, kind, key, call):
         self._seq += 1
         if self.size > 1:
             record("check", 16)
             self._pending = (kind, key, self._mine(kind, key))
+        return None  # the collective runs, and carries the agreement in its exchange
 
     def _diverged(self, kind: str, key: tuple):
         mine = (kind, agree.describe(kind, key, self._seq, self.ranks))

@@ -28,6 +28,8 @@ import sys
 import threading
 import time
 import traceback
+from threading import get_ident
+from time import monotonic
 from typing import Any
 
 GOODBYE_TAG = 32011  # point-to-point tag of the leaving message; no other message uses it
@@ -45,7 +47,6 @@ class _Watch:
     """The blocking calls now running (per thread), the ranks known to have left."""
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
         self.pending: dict[int, tuple[str, tuple[int, ...], float]] = {}
         self.gone: set[int] = set()
         self.thread: threading.Thread | None = None
@@ -64,15 +65,16 @@ class _Watch:
             self.registered_exit = True
             atexit.register(self._leave)
 
+    # enter and exit run around every blocking MPI call, so they take no lock: each thread
+    # writes only its own key, a dict store or pop is atomic under the GIL, and the watchdog
+    # thread reads a copy (dict.copy runs in C, without letting another thread in)
     def enter(self, what: str, ranks: tuple[int, ...]) -> int:
-        key = threading.get_ident()
-        with self.lock:
-            self.pending[key] = (what, ranks, time.monotonic())
+        key = get_ident()
+        self.pending[key] = (what, ranks, monotonic())
         return key
 
     def exit(self, key: int) -> None:
-        with self.lock:
-            self.pending.pop(key, None)
+        self.pending.pop(key, None)
 
     # -- the watchdog thread --------------------------------------------------------------
     def _run(self) -> None:
@@ -80,8 +82,7 @@ class _Watch:
         world = self.mpi.COMM_WORLD
         while True:
             time.sleep(_POLL)
-            with self.lock:
-                pending = list(self.pending.items())
+            pending = self.pending.copy().items()
             if not pending:
                 continue
             self._collect_goodbyes(world)
@@ -134,8 +135,7 @@ class _Watch:
         rank, size = world.Get_rank(), world.Get_size()
         sends = [world.isend(rank, dest=r, tag=GOODBYE_TAG) for r in range(size) if r != rank]
         others = set(range(size)) - {rank}
-        with self.lock:
-            self.pending.clear()  # nothing of this rank waits any more: the thread stays quiet
+        self.pending.clear()  # nothing of this rank waits any more: the thread stays quiet
         while not others <= self.gone:
             self._collect_goodbyes(world)
             time.sleep(0.01)
