@@ -13,7 +13,7 @@ all ranks, five ways:
     raw             MPI.COMM_WORLD.Allreduce(send, out)            (mpi4py, preallocated out)
     comm            dt.comm.world().allreduce(send, out)           (the Communicator)
     comm, no check  the same with the agreement check off          (DISTTENSOR_CHECK=0)
-    reshard         dt.reshard(x, mesh, [Replicate()]), x Partial  (op level: a new tensor)
+    reshard         dt.reshard(x, mesh, [Replicate()]), x a new Partial tensor each call
     reshard, no check
 
 ``--alternatives`` adds raw mpi4py versions of the ways an agreement check can travel
@@ -52,6 +52,7 @@ from mpi4py import MPI
 import disttensor as dt
 from disttensor import comm as dtcomm
 from disttensor.comm import agree
+from disttensor.tensor import DistTensor
 
 DTYPE = np.float32
 GOAL = 2.0
@@ -88,7 +89,9 @@ def variants(comm: MPI.Comm, mesh: dt.ProcessMesh, count: int, calls: int, alter
         w.allreduce(send, out, "sum")
 
     def through_reshard() -> dt.DistTensor:
-        return dt.reshard(x, mesh, replicate)
+        # a new Partial tensor each call, as an iteration makes one (p @ q): the same tensor
+        # would be reduced once and then reused (Note [One move per tensor] in tensor.py)
+        return dt.reshard(DistTensor(x._local, x._spec), mesh, replicate)
 
     fns = {
         "raw": batch(raw, calls, True),

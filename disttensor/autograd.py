@@ -203,8 +203,8 @@ def note_mutation(local: np.ndarray) -> None:
 def version(a: Any) -> int:
     """The write counter of array ``a``'s memory: the number of its latest in-place write
     (``note_mutation``), 1 if it was never written; any write changes it."""
-    if not isinstance(a, np.ndarray) and type(a) not in DEVICE_ARRAYS:
-        return 1
+    if _last_mutation[0] == 1 or (not isinstance(a, np.ndarray) and type(a) not in DEVICE_ARRAYS):
+        return 1  # nothing was ever written, or not an array
     root = _root(a)
     hit = _mutations.get(id(root))
     return hit[1] if hit is not None and hit[0]() is root else 1

@@ -145,20 +145,48 @@ def plan(
 
 
 # -- executor --------------------------------------------------------------------------------
-def execute(local: Any, spec: DistSpec, dst: DistSpec) -> Any:
+class Move:
+    """A move from one spec to another, worked out once (``move``): its steps with the
+    function and the spec each starts from, and whether it gathers (a Shard becomes whole on
+    some mesh dim)."""
+
+    __slots__ = ("cross", "gathers", "steps")
+
+    def __init__(self, spec: DistSpec, dst: DistSpec) -> None:
+        self.cross = spec.mesh != dst.mesh
+        self.gathers = self.cross or any(
+            p.is_shard() and q != p and n > 1
+            for p, q, n in zip(spec.placements, dst.placements, spec.mesh.shape)
+        )
+        self.steps = () if self.cross else tuple(
+            (_STEPS[step.kind], step, before) for step, before in _path(spec, dst)
+        )  # fmt: skip
+
+
+@lru_cache(maxsize=4096)
+def move(spec: DistSpec, dst: DistSpec) -> Move:
+    """The move from ``spec`` to ``dst`` (cached: a repeated reshard plans nothing)."""
+    return Move(spec, dst)
+
+
+def execute(local: Any, spec: DistSpec, dst: DistSpec, how: Move | None = None) -> Any:
     """This rank's local array of ``dst`` given its local array of ``spec`` (collective).
     The result is an array of ``local``'s backend: numpy's, or a device's (its buffers move
-    as they are; Note [Array backends] in backend.py)."""
+    as they are; Note [Array backends] in backend.py). ``how``: ``move(spec, dst)``, where
+    the caller has it."""
+    if how is None:
+        how = move(spec, dst)
     rank = comm.get_rank()
+    # a new item each call: dt.explain tells one execution from the next by it
     with doing(describe, spec, dst):  # for the message when ranks diverge
-        if spec.mesh != dst.mesh:
+        if how.cross:
             return _cross_mesh(local, spec, dst, rank)
         coord = spec.mesh.get_coord(rank)
         if coord is None:  # not in the mesh: nothing to hold, nothing to do
             return _empty(dst, coord, local)
-        for step, before in _path(spec, dst):
-            group = _Dim(spec.mesh, step.mesh_dim, rank, coord)
-            local = _STEPS[step.kind](local, before, step, coord, group)
+        mesh = spec.mesh
+        for fn, step, before in how.steps:
+            local = fn(local, before, step, coord, _Dim(mesh, step.mesh_dim, rank, coord))
         return local
 
 

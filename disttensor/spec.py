@@ -51,7 +51,7 @@ def split_offset(n: int, k: int, i: int) -> tuple[int, int]:
 def contiguous(a: Any) -> Any:
     """``a`` as a C-contiguous array; 0-d stays 0-d (np.ascontiguousarray makes it 1-d). A
     device array stays on its device (Note [Array backends] in backend.py)."""
-    if not is_device(a):
+    if type(a) is not np.ndarray and not is_device(a):  # numpy arrays: no lookup
         a = np.asarray(a)
     return a if a.flags.c_contiguous else a.copy(order="C")
 

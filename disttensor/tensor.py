@@ -14,6 +14,7 @@ DistTensor([[0., 1., 2.],
 
 from __future__ import annotations
 
+import contextlib
 import math
 import zlib
 from collections.abc import Sequence
@@ -1158,11 +1159,17 @@ def reshard(x: DistTensor, mesh: ProcessMesh, placements: Sequence[Placement]) -
     if not isinstance(x, DistTensor):
         raise TypeError(f"reshard needs a DistTensor, got {type(x).__name__}; use dt.shard_tensor")
     check_world(mesh, "reshard")
-    if isinstance(placements, (list, tuple)) and all(isinstance(p, Placement) for p in placements):
-        dst = _target(mesh, tuple(placements), x.shape, x.dtype)
-    else:
-        dst = DistSpec.make(mesh, placements, x.shape, x.dtype, what="reshard")  # raises
-    if dst == x.spec:
+    spec = x._spec
+    dst = None
+    if isinstance(placements, (list, tuple)):
+        # validated and cached (placements that cannot key the cache: make says why)
+        with contextlib.suppress(TypeError):
+            dst = _target(mesh, tuple(placements), spec.shape, spec.dtype)
+    if dst is None:
+        dst = DistSpec.make(mesh, placements, spec.shape, spec.dtype, what="reshard")  # raises
+    if dst.mesh is spec.mesh and dst.placements == spec.placements:  # shape, dtype: x's
+        return x
+    if dst == spec:
         return x
     out = DistTensor(moved(x, dst), dst)
     if x.requires_grad and autograd._state.enabled:
@@ -1206,27 +1213,20 @@ def moved(x: DistTensor, dst: DistSpec, chain: tuple | None = None) -> Any:
                 and autograd.version(out) == out_version
             ):
                 return out
-    local, spec = x._local, x._spec
-    for step in chain or (dst,):  # usually just the target (dispatch: bool Partials first)
-        local, spec = _reshard.execute(local, spec, step), step
-    if _remembered(x._spec, dst):
+    spec = x._spec
+    if chain is None or len(chain) == 1:
+        how = _reshard.move(spec, dst)
+        local = _reshard.execute(x._local, spec, dst, how)
+    else:  # dispatch's bool Partials: reduced first
+        local = x._local
+        for step in chain:
+            local, spec = _reshard.execute(local, spec, step), step
+        how = _reshard.move(x._spec, dst)
+    if not how.gathers or math.prod(dst.shape) * dst.dtype.itemsize <= MEMO_GATHER_BYTES:
         if memo is None:
             memo = x._moved = {}
         memo[dst] = (x._local, local, autograd.version(x._local), autograd.version(local))
     return local
-
-
-@lru_cache(maxsize=4096)
-def _remembered(spec: DistSpec, dst: DistSpec) -> bool:
-    """Whether a move from ``spec`` to ``dst`` is remembered: not one that gathers a tensor
-    larger than MEMO_GATHER_BYTES (the same answer on every rank: global sizes only)."""
-    if spec.mesh != dst.mesh:
-        return False
-    gathers = any(
-        p.is_shard() and q != p and n > 1
-        for p, q, n in zip(spec.placements, dst.placements, spec.mesh.shape)
-    )
-    return not gathers or math.prod(dst.shape) * dst.dtype.itemsize <= MEMO_GATHER_BYTES
 
 
 @lru_cache(maxsize=4096)

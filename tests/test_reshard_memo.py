@@ -99,26 +99,22 @@ def test_large_gathers_are_not_remembered(monkeypatch):
     MEMO_GATHER_BYTES (global) move every time; reductions (no bigger than the source) are
     remembered at any size."""
     monkeypatch.setattr(dt_tensor, "MEMO_GATHER_BYTES", 8 * 6)
-    dt_tensor._remembered.cache_clear()
-    try:
 
-        def body(mesh):
-            p = make_input(G, mesh, [S0])  # 7 floats: 56 bytes, over the limit
-            q = make_input(G[:6], mesh, [S0])  # 48 bytes: at the limit
-            s = make_input(G, mesh, [PSUM])
-            out = []
-            for t, layout in ((p, [R]), (q, [R]), (s, [R])):
-                _, c1 = counted(lambda t=t, layout=layout: dt.reshard(t, mesh, layout))
-                _, c2 = counted(lambda t=t, layout=layout: dt.reshard(t, mesh, layout))
-                out.append((c1, c2))
-            return out
+    def body(mesh):
+        p = make_input(G, mesh, [S0])  # 7 floats: 56 bytes, over the limit
+        q = make_input(G[:6], mesh, [S0])  # 48 bytes: at the limit
+        s = make_input(G, mesh, [PSUM])
+        out = []
+        for t, layout in ((p, [R]), (q, [R]), (s, [R])):
+            _, c1 = counted(lambda t=t, layout=layout: dt.reshard(t, mesh, layout))
+            _, c2 = counted(lambda t=t, layout=layout: dt.reshard(t, mesh, layout))
+            out.append((c1, c2))
+        return out
 
-        (p1, p2), (q1, q2), (s1, s2) = on((2,), body)
-        assert p1 == p2 == {"all_gather": 1}
-        assert q1 == {"all_gather": 1} and q2 == {}
-        assert s1 == {"all_reduce": 1} and s2 == {}
-    finally:
-        dt_tensor._remembered.cache_clear()
+    (p1, p2), (q1, q2), (s1, s2) = on((2,), body)
+    assert p1 == p2 == {"all_gather": 1}
+    assert q1 == {"all_gather": 1} and q2 == {}
+    assert s1 == {"all_reduce": 1} and s2 == {}
 
 
 def test_the_replicate_fallback_reuses_a_gather():
