@@ -31,7 +31,7 @@ class CommCounter:
         self._counts: Counter[str] = Counter()
         self._bytes: Counter[str] = Counter()
         self._outside: Counter[tuple[str, str]] = Counter()
-        self.checks = 0  # agreement checks before collectives (16 bytes each)
+        self.checks = 0  # agreement checks (Note [The check rides along] in comm/agree.py)
 
     def _observe(self, kind: str, nbytes: int) -> None:
         if kind == "check":

@@ -916,7 +916,7 @@ def shard_tensor(
 
     ``data`` may be an array, list, scalar, or a DistTensor (then it is resharded). The ranks
     of the mesh first agree that they passed the same shape, dtype, placements and values: a
-    crc32 of the data's bytes rides in the 16-byte agreement every collective makes, so data
+    crc32 of the data's bytes rides in the agreement every collective makes, so data
     that differs by rank (an unseeded random draw) raises ``RanksDiverged`` on every rank
     instead of giving each rank another tensor. The price is one pass over the data per rank
     (about 4 GB/s; docs/concepts.md measures it) and nothing on a 1-rank mesh.
@@ -980,7 +980,7 @@ def shard_tensor(
 # unseeded random draw) would hold another "replica", or shards cut from another array, and
 # every later result would differ by rank with no error. So the mesh's ranks first agree on
 # (shape, dtype, placements, crc32 of the values) with the check every collective makes (Note
-# [Ranks agree before a collective] in comm/agree.py: 16 bytes, counted in CommCounter.checks,
+# [Ranks agree before a collective] in comm/agree.py: counted in CommCounter.checks,
 # skipped with DISTTENSOR_CHECK=0), dtensor_from_local on (global shape, dtype, placements),
 # dt.rand and dt.randn on the seed and stream they draw.
 #

@@ -134,7 +134,7 @@ class Optimizer:
 
     def _agree_on_gradients(self) -> None:
         """Note [Replicas agree] in tensor.py: per mesh, which of its parameters have a
-        gradient, checked once (16 bytes, CommCounter.checks) before any update."""
+        gradient, checked once (one agreement, CommCounter.checks) before any update."""
         meshes: dict = {}
         for p in self.params:
             meshes.setdefault(p.mesh, []).append("1" if p.grad is not None else "0")
