@@ -12,6 +12,11 @@ disttensor uses), computes locally and calls MPI where the algorithm needs the o
 - conjugate gradient: rows of A and of every vector; per iteration one Allgatherv of the
   search direction (for the product with the local rows of A) and two scalar Allreduces
   (p.Ap and r.r);
+- power iteration: rows of A, the vector whole on every rank; per iteration one Allreduce of
+  two scalars (v.w and w.w, independent, so one buffer) and one Allgatherv of the new
+  vector's rows;
+- logistic regression: rows of X and y, the weights whole on every rank; per iteration one
+  Allreduce of the D gradient sums;
 - GPT-2 forward, batch split: every weight replicated, each rank runs its own sequences: no
   communication at all;
 - GPT-2 forward, Megatron: the vocabulary split over the ranks (embedding rows and logits),
@@ -20,14 +25,21 @@ disttensor uses), computes locally and calls MPI where the algorithm needs the o
   attention and after the MLP.
 
 ``Counted`` wraps the communicator and adds up the bytes this rank hands to MPI to send (the
-send buffer of each call, as ``dt.CommCounter`` counts dt's collectives); ``mark()`` starts
-an iteration. Each ``*_bytes`` function is the formula those counts follow, which the demo
-checks against the measurement on every rank (so that tests on simulated ranks, where there
-is no MPI, can use it). Results are gathered for checking with the raw communicator,
-uncounted, as the demo gathers dt's.
+send buffer of each call, as ``dt.CommCounter`` counts dt's collectives) and the calls that
+communicate: each collective on more than one rank, each Sendrecv that sends to a rank (as
+``dt.CommCounter`` counts a collective, or a send, of dt; on one rank dt calls none).
+``mark()`` starts an iteration; ``Counted(comm, timed=True)`` also times each iteration from
+a barrier at its ``mark()`` to the next ``mark()``. Each ``*_bytes`` and ``*_calls``
+function is the formula those counts follow per iteration, which the demo checks against
+the measurement on every rank (so that tests on simulated ranks, where there is no MPI, can
+use them). Results are gathered for checking with the raw communicator, uncounted, as the
+demo gathers dt's.
 """
 
 from __future__ import annotations
+
+import time
+from itertools import pairwise
 
 import numpy as np
 
@@ -40,31 +52,50 @@ def rows(n: int, size: int, rank: int) -> tuple[int, int]:
 
 
 class Counted:
-    """An mpi4py communicator that counts the bytes this rank hands to MPI to send."""
+    """An mpi4py communicator that counts the bytes this rank hands to MPI to send and the
+    calls that communicate; ``timed``: time each iteration (``mark()`` to ``mark()``)."""
 
-    def __init__(self, comm) -> None:
+    def __init__(self, comm, timed: bool = False) -> None:
         from mpi4py import MPI  # only under mpiexec: importing it starts MPI
 
         self.MPI, self.comm = MPI, comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.sent = 0
-        self.marks: list[int] = []
+        self.calls = 0
+        self.marks: list[tuple[int, int]] = []
+        self.timed = timed
+        self.times: list[float] = []  # this rank's seconds of each iteration (timed)
+        self._t0 = 0.0
+        self._counts: dict[tuple, list[int]] = {}  # Allgatherv's counts by output shape
 
     def mark(self) -> None:
-        """An iteration starts (and, called after the loop, the last one ends)."""
-        self.marks.append(self.sent)
+        """An iteration starts (and, called after the loop, the last one ends). Timed, the
+        clock of an iteration stops here, before the barrier that starts the next one, as
+        bench/_timing.py times a call."""
+        if self.timed:
+            if self.marks:
+                self.times.append(time.perf_counter() - self._t0)
+            self.comm.Barrier()
+            self._t0 = time.perf_counter()
+        self.marks.append((self.sent, self.calls))
+
+    def _collective(self, nbytes: int) -> None:
+        self.sent += nbytes
+        self.calls += self.size > 1  # on one rank MPI moves nothing (and dt calls nothing)
 
     def Allreduce(self, buf: np.ndarray) -> None:
         """Sum ``buf`` over the ranks, in place."""
-        self.sent += buf.nbytes
+        self._collective(buf.nbytes)
         self.comm.Allreduce(self.MPI.IN_PLACE, buf, op=self.MPI.SUM)
 
     def Allgatherv(self, local: np.ndarray, out: np.ndarray) -> None:
         """``out`` (n rows) gets every rank's rows (``array_split`` of n), ``local`` ours."""
-        row = int(np.prod(out.shape[1:]))
-        spans = (rows(len(out), self.size, r) for r in range(self.size))
-        counts = [(hi - lo) * row for lo, hi in spans]
-        self.sent += local.nbytes
+        counts = self._counts.get(out.shape)
+        if counts is None:  # computed once, as a hand-written loop would before it starts
+            row = int(np.prod(out.shape[1:]))
+            spans = (rows(len(out), self.size, r) for r in range(self.size))
+            counts = self._counts[out.shape] = [(hi - lo) * row for lo, hi in spans]
+        self._collective(local.nbytes)
         self.comm.Allgatherv(np.ascontiguousarray(local), [out, counts])
 
     def Sendrecv(self, send: np.ndarray, dest: int, recv: np.ndarray, source: int) -> None:
@@ -72,6 +103,7 @@ class Counted:
         ends of the row of ranks (nothing sent or received)."""
         if dest != self.MPI.PROC_NULL:
             self.sent += send.nbytes
+            self.calls += 1  # a message, as dt counts each send
         self.comm.Sendrecv(np.ascontiguousarray(send), dest=dest, recvbuf=recv, source=source)
 
     def gather_rows(self, local: np.ndarray) -> np.ndarray:
@@ -80,7 +112,13 @@ class Counted:
 
     def per_iteration(self) -> tuple[list[int], int]:
         """(bytes of each iteration, bytes of the whole run)."""
-        return [b - a for a, b in zip(self.marks, self.marks[1:])], self.sent
+        sent = [m[0] for m in self.marks]
+        return [b - a for a, b in pairwise(sent)], self.sent
+
+    def calls_per_iteration(self) -> list[int]:
+        """The calls that communicated in each iteration."""
+        calls = [m[1] for m in self.marks]
+        return [b - a for a, b in pairwise(calls)]
 
 
 # -- k-means --------------------------------------------------------------------------------
@@ -107,6 +145,10 @@ def kmeans(comm: Counted, X, centroids, steps: int) -> dict:
 def kmeans_bytes(inputs: dict, size: int, rank: int) -> int:
     k, d = inputs["centroids"].shape
     return k * (d + 1) * 8
+
+
+def kmeans_calls(inputs: dict, size: int, rank: int) -> int:
+    return int(size > 1)
 
 
 # -- PCA ------------------------------------------------------------------------------------
@@ -167,6 +209,10 @@ def stencil_bytes(inputs: dict, size: int, rank: int) -> int:
     return w * 8 * ((rank > 0) + (rank < size - 1))
 
 
+def stencil_calls(inputs: dict, size: int, rank: int) -> int:
+    return (rank > 0) + (rank < size - 1)  # one message to each neighbour
+
+
 # -- conjugate gradient ----------------------------------------------------------------------
 def cg(comm: Counted, A, b, x, steps: int) -> dict:
     n = len(b)
@@ -202,6 +248,65 @@ def cg(comm: Counted, A, b, x, steps: int) -> dict:
 def cg_bytes(inputs: dict, size: int, rank: int) -> int:
     lo, hi = rows(len(inputs["b"]), size, rank)
     return (hi - lo) * 8 + 2 * 8
+
+
+def cg_calls(inputs: dict, size: int, rank: int) -> int:
+    return 3 * (size > 1)
+
+
+# -- power iteration ---------------------------------------------------------------------------
+def power(comm: Counted, A, v, steps: int) -> dict:
+    n = len(A)
+    lo, hi = rows(n, comm.size, comm.rank)
+    A, v = A[lo:hi], v.astype(np.float64)  # v: a new array, whole on every rank
+    lam = 0.0
+    for _ in range(steps):
+        comm.mark()
+        w = A @ v  # my rows of A v
+        dots = np.array([v[lo:hi] @ w, w @ w])  # my parts of v.w and w.w: one buffer
+        comm.Allreduce(dots)
+        lam = dots[0]
+        comm.Allgatherv(w / np.sqrt(dots[1]), v)
+    comm.mark()
+    return {"v": v.copy(), "lam": lam}
+
+
+def power_bytes(inputs: dict, size: int, rank: int) -> int:
+    lo, hi = rows(len(inputs["v"]), size, rank)
+    return 2 * 8 + (hi - lo) * 8
+
+
+def power_calls(inputs: dict, size: int, rank: int) -> int:
+    return 2 * (size > 1)
+
+
+# -- logistic regression ---------------------------------------------------------------------
+def sigmoid(z):
+    return 1.0 / (1.0 + np.exp(-z))
+
+
+def logistic(comm: Counted, X, y, w, steps: int, lr: float = 0.5) -> dict:
+    n = len(X)
+    lo, hi = rows(n, comm.size, comm.rank)
+    X, y, w = X[lo:hi], y[lo:hi], w.astype(np.float64)  # w: a new array, whole everywhere
+    for _ in range(steps):
+        comm.mark()
+        dw = X.T @ (sigmoid(X @ w) - y)  # my rows' part of the gradient's sum
+        comm.Allreduce(dw)
+        w -= lr * (dw / n)
+    comm.mark()
+    p = np.clip(sigmoid(X @ w), 1e-12, 1 - 1e-12)
+    sums = np.array([np.sum(y * np.log(p) + (1 - y) * np.log(1 - p)), np.sum((p > 0.5) == y)])
+    comm.Allreduce(sums)
+    return {"w": w, "loss": -sums[0] / n, "accuracy": sums[1] / n}
+
+
+def logistic_bytes(inputs: dict, size: int, rank: int) -> int:
+    return inputs["X"].shape[1] * 8
+
+
+def logistic_calls(inputs: dict, size: int, rank: int) -> int:
+    return int(size > 1)
 
 
 # -- GPT-2 forward ------------------------------------------------------------------------------

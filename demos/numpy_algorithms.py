@@ -1,8 +1,8 @@
 """numpy algorithms that communicate like hand-written MPI.
 
-    mpiexec -n N python demos/numpy_algorithms.py [--only NAME]      (N = 1 to 4)
+    mpiexec -n N python demos/numpy_algorithms.py [--only NAME] [--rounds 40]   (N = 1 to 4)
 
-Five textbook algorithms, written in plain numpy (``np.linalg.norm``, ``np.argmin``, ``@``,
+Seven textbook algorithms, written in plain numpy (``np.linalg.norm``, ``np.argmin``, ``@``,
 ``np.cov``, ``np.linalg.eigh``, slicing, ``np.exp``, ...), run unchanged on numpy arrays and
 with their data sharded over every rank (``dt.shard_tensor`` on a 1-D mesh):
 
@@ -15,6 +15,11 @@ with their data sharded over every rank (``dt.shard_tensor`` on a 1-D mesh):
   updated in place from shifted slices; the plate has 37 rows (see below);
 - ``cg``: conjugate gradient on a row-split SPD matrix with every vector split like its rows
   (Shard(0)), so the product ``A @ p`` gathers p, as the textbook distributed CG does;
+- ``power``: power iteration ``w = A @ v; lam = v @ w; v = w / np.linalg.norm(w)`` on a
+  row-split symmetric matrix, v a numpy vector at the start (then split like w);
+- ``logistic``: batch gradient descent for logistic regression, ``dw = X.T @ (sigmoid(X @ w)
+  - y) / n; w -= lr * dw``, the data split by rows and the weights replicated (a numpy ``w``
+  would be written in place from a DistTensor: outside the SPMD rules, a fallback);
 - ``gpt2``: a GPT-2-style forward (token lookup ``wte[ids]``, layer norm, causal
   self-attention with a numpy softmax, a GELU MLP, tied logits ``x @ wte.T``), the batch
   split over the ranks ("batch"), or Megatron-style ("megatron": the vocabulary, the heads
@@ -27,14 +32,26 @@ equal numpy's (float64, 1e-10 relative to each result's largest value); dt took 
 (``dt.fallback_report()`` stays empty); the hand-written bytes equal their formula; dt's
 bytes per iteration (bytes sent per rank, the worst iteration, measured with
 ``dt.CommCounter``; the small agreement checks before collectives are not data and are left
-out) are at most twice the hand-written ones, and so are the whole run's. A failed check
-exits 1 on every rank.
+out) are at most twice the hand-written ones, and so are the whole run's.
+
+The iterative programs (k-means, stencil, cg, power, logistic) are compared per iteration
+too: the collectives dt makes (``dt.CommCounter``: each collective, each send) against the
+hand-written version's calls that reach another rank, the most any iteration after the first
+makes (the first also carries what the start left pending, such as a Partial it reduces),
+checked equal; and the time per iteration of each (``--rounds`` runs of each, interleaved,
+after a warm-up run: each iteration starts after a barrier, its time is the max over the
+ranks, the median over the iterations after the first is shown with dt's ratio to the
+hand-written time, which is reported, not checked). dt's time includes its agreement check
+before each collective (a 16-byte all-reduce; ``DISTTENSOR_CHECK=0`` turns it off), shown
+beside the collectives. A failed check exits 1 on every rank.
 
 Shifted slices of a split axis are split again by ``numpy.array_split`` over their own
 length, so a stencil step moves just the halo rows when the interior's split boundaries sit
 one row from the plate's: 37 rows does that on 1 to 4 ranks. A 36-row plate is listed as a
 known case (``KNOWN``, shown but not failed): on 3 and 4 ranks dt sends 3.3 times the halo
-exchange there. The Megatron forward stays within 2x (1.35x to 1.82x on 2 to 4 ranks) of
+exchange there, in up to 6 sends per step, not 2. k-means is the other known case: dt makes 3
+all-reduces per iteration where the hand-written version makes one (``known_calls`` says
+why). The Megatron forward stays within 2x (1.35x to 1.82x on 2 to 4 ranks) of
 Megatron's all-reduce of the activations after the embedding, the attention and the MLP, by
 another route: the lookup in the vocabulary-split table comes out split by batch (Note
 [Gathers by index] in disttensor/ops/indexing.py), and the matmuls that follow gather weights
@@ -44,14 +61,19 @@ and move activations between splits instead.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
+from typing import NamedTuple
 
 import _handwritten_mpi as hw
 import numpy as np
-from _handwritten_mpi import gelu, layer_norm, softmax  # plain numpy, shared with hw
+from _handwritten_mpi import gelu, layer_norm, sigmoid, softmax  # plain numpy, shared with hw
+from numpy_programs import logistic_inputs as logistic_data
+from numpy_programs import power_inputs
 
 import disttensor as dt
 
@@ -124,6 +146,28 @@ def cg_finish(A, b, x):
     return {"x": x, "residual": np.linalg.norm(b - A @ x)}
 
 
+def power_step(A, v):
+    """One power iteration: the Rayleigh quotient of v, then the next unit vector."""
+    w = A @ v
+    lam = v @ w
+    v = w / np.linalg.norm(w)
+    return {"v": v, "lam": lam}
+
+
+def logistic_step(X, y, w, lr=0.5):
+    """One step of batch gradient descent on the mean log loss, the weights in place."""
+    dw = X.T @ (sigmoid(X @ w) - y) / X.shape[0]
+    w -= lr * dw
+    return {"w": w}
+
+
+def logistic_finish(X, y, w):
+    p = sigmoid(X @ w)
+    np.clip(p, 1e-12, 1 - 1e-12, out=p)  # keep the logs finite
+    loss = -np.mean(y * np.log(p) + (1 - y) * np.log(1 - p))
+    return {"w": w, "loss": loss, "accuracy": np.mean((p > 0.5) == y)}
+
+
 def causal_self_attention(x, w, n_head):
     B, T, C = x.shape
 
@@ -186,6 +230,13 @@ def cg_inputs() -> dict:
     return {"A": M @ M.T / n + np.eye(n), "b": rng.standard_normal(n), "x": np.zeros(n)}
 
 
+def logistic_inputs() -> dict:
+    """demos/numpy_programs.py's data (97 points, 6 features with a bias column), the weights
+    zero."""
+    data = logistic_data()
+    return {**data, "w": np.zeros(data["X"].shape[1])}
+
+
 GPT = {"vocab": 101, "dim": 48, "heads": 12, "seq": 16, "batch": 4, "layers": 2}
 
 
@@ -230,7 +281,10 @@ class Case:
     """A program with one layout. ``placements``: input name -> placements on the 1-D mesh of
     every rank (names inside ``blocks`` apply to every block); inputs not named stay numpy.
     ``known_over``: why dt sends more than BOUND times the hand-written bytes, where it is
-    known to (a limit of the library, shown but not failed)."""
+    known to (a limit of the library, shown but not failed). ``hw_calls``: the formula of the
+    hand-written version's communicating calls per iteration, for the iterative programs,
+    whose collectives and time per iteration are compared; ``known_calls``: why dt makes more
+    collectives per iteration than that, where it is known to."""
 
     name: str
     layout: str
@@ -243,6 +297,8 @@ class Case:
     start: Callable[..., dict] = _same
     finish: Callable[..., dict] = _same
     known_over: str = ""
+    hw_calls: Callable[[dict, int, int], int] | None = None
+    known_calls: str = ""
 
     @property
     def label(self) -> str:
@@ -263,11 +319,25 @@ CASES = (
     Case(
         "kmeans", "points by rows", kmeans_inputs, {"X": [S0]}, kmeans_step, 6,
         partial(hw.kmeans, steps=6), hw.kmeans_bytes, finish=kmeans_finish,
+        hw_calls=hw.kmeans_calls,
+        known_calls=(
+            "3 all-reduces where the hand-written makes 1. counts = onehot.sum(axis=0) and "
+            "sums = onehot.T @ X are Partial(sum) (onehot is Shard(0)); dt reduces each Partial "
+            "tensor by an all-reduce of its own when an op first needs it, and does not put "
+            "independent pending reductions in one buffer, as the hand-written code puts the "
+            "sums beside the counts: counts (40 B) in this iteration, sums (160 B: "
+            "sums / np.maximum(counts, 1)[:, None] and np.where keep it Partial) in the next "
+            "one's X[:, None, :] - centroids[None, :, :]. And counts is reduced twice: "
+            "counts[:, None] > 0 reduces the new Partial tensor counts[:, None], "
+            "np.maximum(counts, 1) reduces counts itself; a move is remembered per tensor "
+            "(Note [One move per tensor]), and a view is another tensor"
+        ),
     ),
     Case("pca", "observations by rows", pca_inputs, {"X": [S0]}, pca, 1, hw.pca, hw.pca_bytes),
     Case(
         "stencil", "rows, 37 x 29", plate(37), {"u": [S0]}, stencil_step, 20,
         partial(hw.stencil, steps=20), hw.stencil_bytes, finish=stencil_finish,
+        hw_calls=hw.stencil_calls,
     ),
     Case(
         "stencil", "rows, 36 x 29", plate(36), {"u": [S0]}, stencil_step, 20,
@@ -278,10 +348,29 @@ CASES = (
             "plate's (36), so each shifted slice and the write-back move 1-2 extra rows per "
             "boundary (7 rows per rank and step, not 2); 37 rows keeps them 1 row apart"
         ),
+        hw_calls=hw.stencil_calls,
+        known_calls=(
+            "up to 6 sends per step on an inner rank of 3 or 4, where the halo exchange makes "
+            "2: the cause of its bytes. Rows 1:-1 split over their own 34 do not line up with "
+            "the plate's 36, so the four slices of rows 1:-1 (u[1:-1, 1:-1] twice, "
+            "u[1:-1, 2:], u[1:-1, :-2]) fetch rows from a neighbour as u[2:, 1:-1] and "
+            "u[:-2, 1:-1] do, and the write-back u[1:-1, 1:-1] = ... sends rows back: one "
+            "send each, a slice taken twice fetched twice (each is a new tensor)"
+        ),
     ),
     Case(
         "cg", "rows, Shard(0) vectors", cg_inputs, {"A": [S0], "b": [S0], "x": [S0]}, cg_step,
         12, partial(hw.cg, steps=12), hw.cg_bytes, start=cg_start, finish=cg_finish,
+        hw_calls=hw.cg_calls,
+    ),
+    Case(
+        "power", "rows of A, v numpy", power_inputs, {"A": [S0]}, power_step, 12,
+        partial(hw.power, steps=12), hw.power_bytes, hw_calls=hw.power_calls,
+    ),
+    Case(
+        "logistic", "rows, w replicated", logistic_inputs, {"X": [S0], "y": [S0], "w": [R]},
+        logistic_step, 12, partial(hw.logistic, steps=12), hw.logistic_bytes,
+        finish=logistic_finish, hw_calls=hw.logistic_calls,
     ),
     Case(
         "gpt2", "batch", gpt2_inputs, {"ids": [S0], "wte": [R]}, gpt2_forward, 1,
@@ -292,13 +381,20 @@ CASES = (
         hw.gpt2_megatron_bytes,
     ),
 )  # fmt: skip
+ITERATIVE = tuple(c for c in CASES if c.hw_calls is not None)
 
 
 # -- running ------------------------------------------------------------------------------------
+_PARAMS: dict = {}
+
+
 def _call(fn: Callable[..., dict], state: dict) -> dict:
-    """``fn`` with the entries of ``state`` its parameters name."""
-    names = inspect.signature(fn).parameters
-    return fn(**{k: v for k, v in state.items() if k in names})
+    """``fn`` with the entries of ``state`` its parameters name (looked up once per function:
+    inside a timed step it would be the demo's time, not the program's)."""
+    names = _PARAMS.get(fn)
+    if names is None:
+        names = _PARAMS[fn] = tuple(inspect.signature(fn).parameters)
+    return fn(**{k: state[k] for k in names if k in state})
 
 
 def shard_inputs(case: Case) -> dict:
@@ -323,9 +419,10 @@ def _global(value) -> np.ndarray:
 
 
 class _NoCounter:
-    """Stands in for ``dt.CommCounter`` in the numpy run: nothing to count."""
+    """Stands in for ``dt.CommCounter`` in the numpy run and the timed runs: nothing to
+    count."""
 
-    total_bytes = 0
+    total = total_bytes = checks = 0
 
     def __enter__(self):
         return self
@@ -334,37 +431,71 @@ class _NoCounter:
         pass
 
 
-def _run(case: Case, state: dict, counter=_NoCounter) -> tuple[dict, list[int], int, dict]:
+class _Clock:
+    """Times each step as bench/_timing.py times a call: started right after a barrier (on
+    ``comm``, an mpi4py communicator apart from dt's), stopped when the step has returned
+    and its results replaced the old state (freeing them is the loop's cost, as in a user's
+    loop). ``times``: this rank's seconds of each step."""
+
+    def __init__(self, comm) -> None:
+        self.comm = comm
+        self.times: list[float] = []
+
+    def __enter__(self):
+        self.comm.Barrier()
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.times.append(time.perf_counter() - self._t0)
+
+
+class Run(NamedTuple):
+    """One rank's run of a case: the results (global values), the bytes, collectives and
+    agreement checks of each step, the bytes of the whole run, and the calls that
+    communicated outside an SPMD rule."""
+
+    results: dict
+    step_bytes: list
+    total_bytes: int
+    outside: dict
+    step_calls: list
+    step_checks: list
+
+
+def _run(case: Case, state: dict, counter=_NoCounter, clock=None) -> Run:
     """Start, steps and finish on ``state`` (numpy arrays or DistTensors); ``counter``: a
-    context manager class with ``total_bytes`` (``dt.CommCounter``). Returns the results
-    (what the step and the finish return, global values), the bytes of each step, of the
-    whole run, and the calls that communicated outside an SPMD rule."""
-    per_step, names = [], set()
+    context manager class with ``total``, ``total_bytes`` and ``checks`` (``dt.CommCounter``);
+    ``clock``: a _Clock that times each step."""
+    per_step, calls, checks, names = [], [], [], set()
+    clock = clock or contextlib.nullcontext()
     with counter() as whole:
         state = {**state, **_call(case.start, state)}
         for _ in range(case.steps):
-            with counter() as one:
+            with clock, counter() as one:
                 out = _call(case.step, state)
-            state.update(out)
+                state.update(out)
             names |= set(out)
             per_step.append(one.total_bytes)
+            calls.append(one.total)
+            checks.append(one.checks)
         out = _call(case.finish, state)
         state.update(out)
         names |= set(out)
     outside = dict(getattr(whole, "fallbacks", {}))
     results = {k: _global(state[k]) for k in sorted(names)}  # every rank in the same order
-    return results, per_step, whole.total_bytes, outside
+    return Run(results, per_step, whole.total_bytes, outside, calls, checks)
 
 
 def run_numpy(case: Case) -> dict:
     """The program on numpy arrays, in this process."""
-    return _run(case, case.inputs())[0]
+    return _run(case, case.inputs()).results
 
 
-def run_dt(case: Case, perturb: bool = False) -> tuple[dict, list[int], int, dict]:
-    """The program on the case's sharded inputs (collective): results, dt's bytes of each
-    step and of the whole run on this rank, the calls outside SPMD rules. ``perturb``: add
-    1e-6 to the last rank's shard of the first sharded input (to see the check fail)."""
+def run_dt(case: Case, perturb: bool = False) -> Run:
+    """The program on the case's sharded inputs (collective), counted on this rank.
+    ``perturb``: add 1e-6 to the last rank's shard of the first sharded input (to see the
+    check fail)."""
     args = shard_inputs(case)
     if perturb and dt.get_rank() == dt.get_world_size() - 1:
         first = next(k for k in args if isinstance(args[k], dt.DistTensor))
@@ -372,13 +503,50 @@ def run_dt(case: Case, perturb: bool = False) -> tuple[dict, list[int], int, dic
     return _run(case, args, dt.CommCounter)
 
 
-def run_handwritten(case: Case, comm) -> tuple[dict, list[int], int]:
+def run_handwritten(case: Case, comm) -> tuple[dict, list[int], int, list[int]]:
     """The hand-written mpi4py version (under mpiexec; ``comm``: an mpi4py communicator):
-    results, bytes of each iteration and of the whole run on this rank."""
+    results, bytes of each iteration and of the whole run on this rank, the communicating
+    calls of each iteration."""
     counted = hw.Counted(comm)
     results = case.handwritten(counted, **case.inputs())
     per_iteration, total = counted.per_iteration()
-    return {k: np.asarray(v) for k, v in results.items()}, per_iteration, total
+    results = {k: np.asarray(v) for k, v in results.items()}
+    return results, per_iteration, total, counted.calls_per_iteration()
+
+
+def steady(per_iteration: list[int]) -> int:
+    """Collectives per iteration: the most any iteration after the first makes. The first
+    differs by what the start leaves (a Partial the first step reduces, a numpy input no
+    iteration gathers) and the finish, not by the iteration."""
+    return max(per_iteration[1:], default=0)
+
+
+def time_case(case: Case, comm, rounds: int, warmup: int = 1) -> dict[str, np.ndarray]:
+    """Seconds per iteration, dt's and the hand-written version's (collective, under
+    mpiexec): ``warmup`` untimed runs of each, then ``rounds`` runs of each interleaved, the
+    order swapped every round. Each iteration starts right after a barrier; its time is the
+    max over the ranks; the first iteration of each run is left out (see ``steady``)."""
+    from mpi4py import MPI
+
+    def dt_run() -> list[float]:
+        clock = _Clock(comm)
+        _run(case, shard_inputs(case), clock=clock)
+        return clock.times
+
+    def hand_run() -> list[float]:
+        counted = hw.Counted(comm, timed=True)
+        case.handwritten(counted, **case.inputs())
+        return counted.times
+
+    variants = {"dt": dt_run, "hand": hand_run}
+    samples: dict[str, list] = {k: [] for k in variants}
+    for r in range(warmup + rounds):
+        for k in sorted(variants, reverse=r % 2 == 1):
+            times = np.asarray(variants[k](), dtype=np.float64)
+            comm.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)
+            if r >= warmup:
+                samples[k].append(times[1:])
+    return {k: np.concatenate(v) for k, v in samples.items()}
 
 
 # -- checking -----------------------------------------------------------------------------------
@@ -424,6 +592,10 @@ class Outcome:
     hw_iterations: list  # the measured bytes of each hand-written iteration
     dt_total: int
     hw_total: int
+    dt_calls: list = field(default_factory=list)  # dt's collectives of each step
+    hw_calls: list = field(default_factory=list)  # the hand-written calls of each iteration
+    calls_formula: int | None = None  # the hand-written calls per iteration by the formula
+    dt_checks: list = field(default_factory=list)  # dt's agreement checks of each step
 
     def problems(self, case: Case, bound: float = BOUND) -> list[str]:
         """What failed on this rank ([] when everything holds); a known over-communication
@@ -448,27 +620,48 @@ class Outcome:
             )
         return out
 
+    def calls_differ(self) -> bool:
+        return steady(self.dt_calls) != steady(self.hw_calls)
+
+    def count_problems(self, case: Case) -> list[str]:
+        """What failed in the collectives per iteration on this rank (an iterative case);
+        dt making other than the hand-written count is a failure unless it is known."""
+        out = []
+        if any(c != self.calls_formula for c in self.hw_calls):
+            out.append(f"FORMULA: calls measured {self.hw_calls}, formula {self.calls_formula}")
+        if self.calls_differ() and not case.known_calls:
+            out.append(
+                f"CALLS: dt makes {steady(self.dt_calls)} collectives per iteration "
+                f"({self.dt_calls}), the hand-written version {steady(self.hw_calls)}"
+            )
+        return out
+
 
 def check(case: Case, comm, perturb: bool = False) -> Outcome:
     """Run the case on numpy, dt and hand-written (collective, under mpiexec: ``comm`` is an
     mpi4py communicator of every rank). ``perturb``: add 1e-6 to dt's last rank's shard of
     the first sharded input, to see the check fail."""
     want = run_numpy(case)
-    got, steps, dt_total, outside = run_dt(case, perturb)
-    hand, iterations, hw_total = run_handwritten(case, comm)
+    got = run_dt(case, perturb)
+    hand, iterations, hw_total, hw_calls = run_handwritten(case, comm)
+    size, rank = dt.get_world_size(), dt.get_rank()
     return Outcome(
-        dt_diff=worst_diff(got, want),
+        dt_diff=worst_diff(got.results, want),
         # the hand-written version returns some of the results, named as numpy's
         hw_diff=worst_diff(hand, {k: want[k] for k in hand})
         if hand and set(hand) <= set(want)
         else float("inf"),
-        outside=outside,
-        dt_iteration=max(steps, default=0),
+        outside=got.outside,
+        dt_iteration=max(got.step_bytes, default=0),
         hw_iteration=max(iterations, default=0),
-        formula=case.hw_bytes(case.inputs(), dt.get_world_size(), dt.get_rank()),
+        formula=case.hw_bytes(case.inputs(), size, rank),
         hw_iterations=iterations,
-        dt_total=dt_total,
+        dt_total=got.total_bytes,
         hw_total=hw_total,
+        dt_calls=got.step_calls,
+        hw_calls=hw_calls,
+        calls_formula=case.hw_calls(case.inputs(), size, rank) if case.hw_calls else None,
+        dt_checks=got.step_checks,
     )
 
 
@@ -496,6 +689,39 @@ def report(case: Case, outcomes: list[Outcome]) -> str:
     return line
 
 
+def report_iterations(case: Case, outcomes: list[Outcome], times: dict | None) -> str:
+    """One line per iterative case: collectives per iteration (``steady``) of the busiest
+    rank, dt's and hand-written, dt's agreement checks per iteration, the median time per
+    iteration of each (max over ranks), their ratio and the larger relative IQR, the
+    verdict on the collectives; then what failed, by rank."""
+    dt_c = max(steady(o.dt_calls) for o in outcomes)
+    hw_c = max(steady(o.hw_calls) for o in outcomes)
+    checks = max(steady(o.dt_checks) for o in outcomes)
+    problems = {r: o.count_problems(case) for r, o in enumerate(outcomes)}
+    differ = any(o.calls_differ() for o in outcomes)
+    verdict = "FAIL" if any(problems.values()) else "KNOWN" if differ else "OK"
+    if times:
+        t_dt, t_hw = (float(np.median(times[k])) for k in ("dt", "hand"))
+        iqr = max(_iqr(times[k]) for k in times)
+        timing = f"{t_dt * 1e6:>9.1f} {t_hw * 1e6:>9.1f} {t_dt / t_hw:>7.2f} {iqr:>6.2f}"
+    else:
+        timing = f"{'-':>9} {'-':>9} {'-':>7} {'-':>6}"
+    line = (
+        f"{case.label:<32} {len(outcomes):>5} {dt_c:>7} {hw_c:>7} {checks:>7} {timing}  {verdict}"
+    )
+    if verdict == "KNOWN":
+        line += f"\n    known: {case.known_calls}"
+    for r, found in problems.items():
+        line += "".join(f"\n    rank {r}: {p}" for p in found)
+    return line
+
+
+def _iqr(times: np.ndarray) -> float:
+    """The inter-quartile range of ``times`` relative to their median."""
+    q1, q3 = np.percentile(times, [25, 75])
+    return float((q3 - q1) / np.median(times))
+
+
 HEADER = (
     f"{'program [layout]':<32} {'ranks':>5} {'dt B/it':>10} {'hand B/it':>10} {'ratio':>7} "
     f"{'run':>7}  verdict\n"
@@ -503,10 +729,24 @@ HEADER = (
     " per iteration and for the whole run)"
 )
 
+ITERATION_HEADER = (
+    f"{'program [layout]':<32} {'ranks':>5} {'dt':>7} {'hand':>7} {'checks':>7} "
+    f"{'dt us':>9} {'hand us':>9} {'ratio':>7} {'IQR':>6}  verdict\n"
+    "(per iteration: collectives of the busiest rank, dt and hand-written (each collective or "
+    "send that reaches another rank), dt's agreement checks; time, median over the iterations "
+    "after the first of each run, each the max over ranks; ratio: dt / hand-written time; IQR:"
+    " relative, the larger of the two)"
+)
+
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", choices=sorted({c.name for c in CASES}), action="append")
+    p.add_argument(
+        "--rounds", type=int, default=40,
+        help="timed runs of each iterative program, dt and hand-written interleaved "
+        "(default 40; 0: count, do not time)",
+    )  # fmt: skip
     # hidden: perturb one rank's shard of an input, to see the check fail
     p.add_argument("--perturb", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -519,6 +759,7 @@ def main() -> None:
         print(f"{dt.get_world_size()} rank(s); {HEADER}", flush=True)
     dt.fallback_report(reset=True)
     failed = False
+    iterations = []
     for case in CASES:
         if args.only and case.name not in args.only:
             continue
@@ -526,6 +767,16 @@ def main() -> None:
         failed |= any(o.problems(case) for o in outcomes)
         if rank == 0:
             print(report(case, outcomes), flush=True)
+        if case in ITERATIVE:
+            failed |= any(o.count_problems(case) for o in outcomes)
+            iterations.append((case, outcomes))
+    lines = []
+    for case, outcomes in iterations:
+        # timed after every check, so that the timed runs follow one another
+        times = time_case(case, comm, args.rounds) if args.rounds > 0 else None
+        lines.append(report_iterations(case, outcomes, times))
+    if rank == 0 and lines:
+        print(f"\n{ITERATION_HEADER}", *lines, sep="\n", flush=True)
     outside = world.allgather_object(str(dt.fallback_report()) if dt.fallback_report() else "")
     if any(outside):
         failed = True
@@ -533,10 +784,18 @@ def main() -> None:
             print("FALLBACK: dt.fallback_report() on some rank:\n" + next(filter(None, outside)))
     if failed:
         if rank == 0:
-            print("FAILED: a program differs from numpy, fell back or sent too much", flush=True)
+            print(
+                "FAILED: a program differs from numpy, fell back, sent too much or made other "
+                "collectives per iteration than its hand-written version",
+                flush=True,
+            )
         raise SystemExit(1)
     if rank == 0:
-        print(f"OK: every program matches numpy, no fallback, within {BOUND:g}x", flush=True)
+        print(
+            f"OK: every program matches numpy, no fallback, within {BOUND:g}x, the hand-written"
+            " collectives per iteration (but the known cases)",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":
