@@ -41,6 +41,9 @@ import subprocess
 import tempfile
 import threading
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from ._cuda import read_source
 
@@ -116,6 +119,23 @@ def status() -> str:
     """Which host kernels run, and why (the compiled ones, or the numpy references)."""
     library()
     return str(_state["why"])
+
+
+def entries(signatures: dict[str, list]) -> dict[Any, dict[str, Any]] | None:
+    """The compiled program's entries ``<name>_f32`` and ``<name>_f64`` of every name of
+    ``signatures`` (name -> ctypes argument types; they return nothing), by dtype; None where
+    the program is not built (``status()``)."""
+    lib = library()
+    if lib is None:
+        return None
+    out: dict[Any, dict[str, Any]] = {}
+    for dtype, sfx in ((np.float32, "f32"), (np.float64, "f64")):
+        fns = out[np.dtype(dtype)] = {}
+        for name, argtypes in signatures.items():
+            f = getattr(lib, f"{name}_{sfx}")
+            f.argtypes, f.restype = argtypes, None
+            fns[name] = f
+    return out
 
 
 def pointer(a) -> ctypes.c_void_p:

@@ -197,16 +197,12 @@ def load_host() -> dict[str, Callable[..., Any]]:
     kernels/_host.py) where the host kernels are built, else nothing (the references run).
     They take float32 and float64 inputs of one dtype; anything else goes to the reference.
     """
-    lib = _host.library()
-    if lib is None:
-        return {}
     P, N, F = ctypes.c_void_p, ctypes.c_longlong, ctypes.c_double
-    entries = {}
-    for dtype, sfx in ((np.float32, "f32"), (np.float64, "f64")):
-        f, b = getattr(lib, f"ln_forward_{sfx}"), getattr(lib, f"ln_backward_{sfx}")
-        f.argtypes, f.restype = [P, P, P, N, N, F, P, P, P], None
-        b.argtypes, b.restype = [P, P, P, P, P, N, N, P, P, P], None
-        entries[np.dtype(dtype)] = (f, b)
+    entries = _host.entries(
+        {"ln_forward": [P, P, P, N, N, F, P, P, P], "ln_backward": [P, P, P, P, P, N, N, P, P, P]}
+    )
+    if entries is None:
+        return {}
     ptr = _host.pointer
 
     def same(dtype: Any, *arrays: Any) -> bool:
@@ -228,8 +224,8 @@ def load_host() -> dict[str, Callable[..., Any]]:
         y = np.empty_like(x)
         mean, rstd = np.empty(x.shape[:-1], x.dtype), np.empty(x.shape[:-1], x.dtype)
         rows, cols = mean.size, x.shape[-1]
-        fns[0](ptr(x), ptr(weight), ptr(bias), rows, cols, float(eps), ptr(y), ptr(mean),
-               ptr(rstd))  # fmt: skip
+        fns["ln_forward"](ptr(x), ptr(weight), ptr(bias), rows, cols, float(eps), ptr(y),
+                          ptr(mean), ptr(rstd))  # fmt: skip
         return y, mean, rstd
 
     @functools.wraps(layer_norm_backward)
@@ -250,8 +246,8 @@ def load_host() -> dict[str, Callable[..., Any]]:
         dweight, dbias = np.zeros(x.shape[-1:], x.dtype), np.zeros(x.shape[-1:], x.dtype)
         rows, cols = mean.size, x.shape[-1]
         if dx.size:
-            fns[1](ptr(dy), ptr(x), ptr(mean), ptr(rstd), ptr(weight), rows, cols, ptr(dx),
-                   ptr(dweight), ptr(dbias))  # fmt: skip
+            fns["ln_backward"](ptr(dy), ptr(x), ptr(mean), ptr(rstd), ptr(weight), rows, cols,
+                               ptr(dx), ptr(dweight), ptr(dbias))  # fmt: skip
         return dx, dweight, dbias
 
     return {"layer_norm_forward": forward, "layer_norm_backward": backward}

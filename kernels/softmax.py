@@ -271,9 +271,6 @@ def load_host() -> dict[str, Callable[..., Any]]:
     with the same entries NaN, infinite or 0 (Note [Softmax of odd rows]); a causal row's sum
     skips its masked columns rather than adding their zeros.
     """
-    lib = _host.library()
-    if lib is None:
-        return {}
     P, N, F, B = ctypes.c_void_p, ctypes.c_longlong, ctypes.c_double, ctypes.c_int
     signatures = {  # every entry: (inputs..., rows, cols, [scalars...], out)
         "softmax_forward": [P, N, N, P],
@@ -285,13 +282,9 @@ def load_host() -> dict[str, Callable[..., Any]]:
         "attention_softmax_forward": [P, N, N, F, B, N, P],
         "attention_softmax_backward": [P, P, N, N, F, P],
     }
-    entries: dict[np.dtype, dict[str, Any]] = {}
-    for dtype, sfx in ((np.float32, "f32"), (np.float64, "f64")):
-        fns = entries[np.dtype(dtype)] = {}
-        for name, argtypes in signatures.items():
-            f = getattr(lib, f"{name}_{sfx}")
-            f.argtypes, f.restype = argtypes, None
-            fns[name] = f
+    entries = _host.entries(signatures)
+    if entries is None:
+        return {}
     ptr = _host.pointer
 
     def take(x: np.ndarray) -> dict[str, Any] | None:

@@ -180,22 +180,15 @@ def load_host() -> dict[str, Callable[..., Any]]:
     references' to float rounding (host.h's exp, sums in lanes), NaN, infinite and 0 where
     theirs are.
     """
-    lib = _host.library()
-    if lib is None:
-        return {}
     P, N = ctypes.c_void_p, ctypes.c_longlong
     signatures = {
         "xent_forward": [P, P, N, N, P, P, P],
         "xent_local_sum_exp": [P, N, N, P, P],
         "xent_backward": [P, P, N, N, P, P, P, P],
     }
-    entries: dict[np.dtype, dict[str, Any]] = {}
-    for dtype, sfx in ((np.float32, "f32"), (np.float64, "f64")):
-        fns = entries[np.dtype(dtype)] = {}
-        for name, argtypes in signatures.items():
-            f = getattr(lib, f"{name}_{sfx}")
-            f.argtypes, f.restype = argtypes, None
-            fns[name] = f
+    entries = _host.entries(signatures)
+    if entries is None:
+        return {}
     ptr = _host.pointer
 
     def per_row(a: Any, x: np.ndarray) -> np.ndarray | None:

@@ -23,6 +23,15 @@ def mpiexec() -> str:
     return found
 
 
+def found() -> bool:
+    """Whether ``mpiexec()`` finds a launcher (tests that launch skip where it does not)."""
+    try:
+        mpiexec()
+    except RuntimeError:
+        return False
+    return True
+
+
 @functools.cache
 def implementation(path: str) -> str:
     """Which MPI ``path`` launches: "Open MPI", "MPICH" or "unknown", from ``--version``."""

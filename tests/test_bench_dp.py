@@ -7,20 +7,11 @@ DDP too; ``--no-torch`` runs the path of a machine without it either way.
 from __future__ import annotations
 
 import pytest
-from mpirun import mpiexec, run
-
-
-def _no_mpiexec() -> bool:
-    try:
-        mpiexec()
-    except RuntimeError:
-        return True
-    return False
-
+from mpirun import found, run
 
 pytestmark = [
     pytest.mark.mpi,
-    pytest.mark.skipif(_no_mpiexec(), reason="mpiexec not found (pip install mpich)"),
+    pytest.mark.skipif(not found(), reason="mpiexec not found (pip install mpich)"),
 ]
 
 
