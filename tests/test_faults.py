@@ -99,4 +99,6 @@ def test_job_ending_program(job):
         assert text in out, f"{text!r} is not in the output:\n{out}"
     for text in job.absent:
         assert text not in out, f"{text!r} is in the output:\n{out}"
-    assert took < 10, f"the job took {took:.1f} s to end (launch included):\n{out}"
+    # far below DISTTENSOR_TIMEOUT (300 s): the job ended, it did not time out; the margin is
+    # for launches on a loaded machine (the suite runs two workers)
+    assert took < 30, f"the job took {took:.1f} s to end (launch included):\n{out}"
