@@ -33,7 +33,14 @@ from .nn.sharding import shard_layer
 from .ops import *  # noqa: F403  (numpy-named ops: dt.add, dt.matmul, dt.sum, ...)
 from .ops import __all__ as _ops_all
 from .output import get_logger, print0
-from .parallel import DataParallel
+from .parallel import (
+    DataParallel,
+    ShardingStage1,
+    ShardingStage2,
+    ShardingStage3,
+    memory_report,
+    shard_optimizer,
+)
 from .placement import Partial, Placement, Replicate, Shard
 from .spec import DistSpec
 from .tensor import DistTensor, dtensor_from_local, reshard, shard_tensor
@@ -74,6 +81,7 @@ __all__ = [
     "is_grad_enabled",
     "load",
     "manual_seed",
+    "memory_report",
     "nn",
     "optim",
     "print0",
@@ -86,9 +94,13 @@ __all__ = [
     "save",
     "set_device",
     "shard_layer",
+    "shard_optimizer",
     "shard_tensor",
     "simulate",
     "simulated",
+    "ShardingStage1",
+    "ShardingStage2",
+    "ShardingStage3",
     "spmd",
     "visualize_sharding",
     "zeros",

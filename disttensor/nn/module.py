@@ -13,6 +13,7 @@ the same way.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -35,6 +36,39 @@ class Parameter(DistTensor):
             data, spec = data.to_local(), data.spec
         super().__init__(data, spec)
         self.requires_grad_(requires_grad)
+
+
+# Note [Parameters gathered per module] (parallel/sharding.py, Note [Sharding stages]): a
+# stage-3 sharded optimizer keeps its parameters as slices between steps and registers, per
+# parameter, the bound method that makes a list of them whole again. Calling a module first
+# hands its own parameters that are registered to that method (one call per optimizer), so
+# each module's parameters are gathered together just before its forward.
+_GATHERS: dict[int, tuple[Any, Any]] = {}  # id(param) -> (weakref(param), WeakMethod)
+
+
+def set_forward_gather(param: DistTensor, method: Any) -> None:
+    """Register ``method(params)`` to make ``param`` whole before a module that owns it runs
+    its forward (None removes it)."""
+    if method is None:
+        _GATHERS.pop(id(param), None)
+    else:
+        _GATHERS[id(param)] = (weakref.ref(param), weakref.WeakMethod(method))
+
+
+def _gather_own(module: Module) -> None:
+    """Hand ``module``'s own registered parameters to their gather methods."""
+    todo: dict[int, tuple[Any, list]] = {}
+    for p in module._parameters.values():
+        hit = _GATHERS.get(id(p))
+        if hit is None or hit[0]() is not p:
+            continue
+        fn = hit[1]()
+        if fn is None:
+            del _GATHERS[id(p)]
+            continue
+        todo.setdefault(id(fn.__self__), (fn, []))[1].append(p)
+    for fn, params in todo.values():
+        fn(params)
 
 
 class Module:
@@ -86,6 +120,8 @@ class Module:
         raise NotImplementedError(f"{type(self).__name__} must define forward()")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if _GATHERS:  # stage-3 parameters of this module made whole first
+            _gather_own(self)
         return self.forward(*args, **kwargs)
 
     # -- traversal --------------------------------------------------------------------------

@@ -198,9 +198,11 @@ class Optimizer:
                     )
             checked.append((p, entry))
         new = {}
+        specs = getattr(self, "_state_specs", {})  # a sharded optimizer's slices
         with no_grad():
             for p, entry in checked:
-                new[id(p)] = {name: _state_like(value, p) for name, value in entry.items()}
+                spec = specs.get(id(p), p.spec)
+                new[id(p)] = {name: _state_like(value, p, spec) for name, value in entry.items()}
         self.state = new
         self.step_count = int(step)
 
@@ -220,21 +222,24 @@ def _param_index(key: Any, n: int, what: str) -> int:
     return i
 
 
-def _state_like(value: Any, p: DistTensor) -> DistTensor:
-    """``value`` on ``p``'s mesh and placements, in ``p``'s dtype, in memory of its own, on
-    ``p``'s device (a host state loaded for a device parameter is copied there explicitly)."""
+def _state_like(value: Any, p: DistTensor, spec: Any) -> DistTensor:
+    """``value`` in layout ``spec`` (``p``'s own, or a sharded optimizer's slice of it), in
+    ``p``'s dtype, in memory of its own, on ``p``'s device (a host state loaded for a device
+    parameter is copied there explicitly)."""
+    mesh, placements = spec.mesh, spec.placements
     if isinstance(value, DistTensor):
-        if value.spec.mesh != p.mesh or value.spec.placements != p.spec.placements:
-            value = reshard(value, p.mesh, p.placements)
+        if value.spec.mesh != mesh or value.spec.placements != placements:
+            value = reshard(value, mesh, placements)
         local = value.to_local()
     else:
-        local = shard_tensor(backend.to_host(value), p.mesh, p.placements).to_local()
+        local = shard_tensor(backend.to_host(value), mesh, placements).to_local()
+    spec = spec.replace(dtype=p.dtype) if spec.dtype != p.dtype else spec
     home = backend.of(p.to_local())  # the state lives where the parameter does
     if backend.of(local) is not home:
-        return DistTensor(home.from_host(backend.to_host(local), p.dtype), p.spec)
+        return DistTensor(home.from_host(backend.to_host(local), p.dtype), spec)
     if backend.is_device(local):
-        return DistTensor(local.astype(p.dtype, copy=True), p.spec)
-    return DistTensor(np.array(local, dtype=p.dtype, copy=True), p.spec)
+        return DistTensor(local.astype(p.dtype, copy=True), spec)
+    return DistTensor(np.array(local, dtype=p.dtype, copy=True), spec)
 
 
 class SGD(Optimizer):

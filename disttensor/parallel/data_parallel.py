@@ -109,6 +109,7 @@ class DataParallel(Module):
                 f"{[mesh.dim_names[m] for m in dims]}; build the model on this mesh (e.g. "
                 "Linear(..., mesh=mesh)) or place it with dt.shard_layer first"
             )
+        self._caps = caps
         self._reducer = Reducer(self._params, mesh, dims, caps)
         self._micro = 0  # backward passes accumulated since the last reduction
         self._backward = None  # the backward pass now running (autograd's callback list)
@@ -167,6 +168,19 @@ class DataParallel(Module):
                     if p.grad is not None and id(p) not in done:
                         p.grad = p.grad * scale
         self._micro, self._round = 0, False
+
+    def _release(self, params: list) -> None:
+        """A sharding stage reduces the gradients of ``params`` itself (reduce-scatter,
+        Note [Sharding stages]): they leave the buckets; gradient merge still counts and
+        scales them. Called between steps, on every rank alike."""
+        ids = {id(p) for p in params}
+        keep = [p for p in self._params if id(p) not in ids]
+        if len(keep) == len(self._params):
+            return
+        self._reducer.wait_all()
+        self._params, self._bucketed = keep, {id(p) for p in keep}
+        self._reducer = Reducer(keep, self.mesh, self.dims, self._caps)
+        self._round = False
 
     def finish_gradients(self) -> None:
         """Finish the gradients now (what an optimizer's ``step()`` does first): wait for the
