@@ -339,13 +339,18 @@ class ShardedOptimizer:
         out: dict[int, Any] = {}
         scatter: list[tuple[_Slice, Any]] = []
         m = self.dim
+        if self.stage >= 2:  # parameters with no dim to split: all-reduced together
+            whole = [s.param for s in self.slices.values() if s.d is None]
+            n, k = reduce_remaining(whole)
+            self.optimizer.reductions = {"gradients": n, "all_reduces": k}
         for p in self.optimizer.params:
             s = self.slices.get(id(p))
             g = p.grad
             if s is None or g is None:
                 continue
             if s.d is None:
-                g = g if g.spec == s.whole else reshard(g, s.whole.mesh, s.whole.placements)
+                if g.spec != s.whole:
+                    g = p.grad = reshard(g, s.whole.mesh, s.whole.placements)
                 out[id(p)] = g.to_local()
                 continue
             if self.stage == 1:  # reduced whole (an all-reduce), then sliced locally

@@ -1,0 +1,84 @@
+"""dt.shard_optimizer, ShardingStage1/2/3 and dt.memory_report (disttensor/parallel/sharding.py):
+the cases of tests/sharding_cases.py on simulated ranks and under mpiexec."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import sharding_cases as cases
+from mpirun import run
+
+import disttensor as dt
+
+WORLDS = [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("case", [c.__name__ for c in cases.MPI_CASES])
+def test_case_on_simulated_ranks(case, world):
+    fn = getattr(cases, case)
+    dt.simulate(world, lambda: fn(world), timeout=120)
+
+
+def test_memory_report_counts_each_array_once():
+    def body():
+        mesh = dt.ProcessMesh([0, 1], dim_names=["dp"])
+        w = dt.nn.Parameter(dt.shard_tensor(np.zeros((6, 3)), mesh, [dt.Replicate()]))
+        opt = dt.shard_optimizer(dt.optim.Adam([w, w]), dt.ShardingStage1("dp"))
+        before = dt.memory_report([w, w], opt)
+        (w * w).sum().backward()
+        opt.step()
+        return before, dt.memory_report([w], opt)
+
+    (before, after), _ = dt.simulate(2, body)
+    assert before == {"parameters": 144, "gradients": 0, "optimizer_state": 2 * 72, "total": 288}
+    assert after == {"parameters": 144, "gradients": 144, "optimizer_state": 144, "total": 432}
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [2, 4])
+def test_under_mpiexec(n):
+    code, out = run(n, ["tests/sharding_cases.py"], timeout=300)
+    assert code == 0, out
+    assert f"{len(cases.MPI_CASES)} passed, 0 failed" in out, out
+
+
+def test_checkpoint_at_one_stage_and_world_loads_at_another(tmp_path):
+    """Stage 2 on 2 ranks saves parameters and sharded state (no data gathered); stage 1 on 3
+    ranks and stage 3 on 4 load them and go on: the same parameters as the one-process run."""
+    path = str(tmp_path / "ckpt")
+    want = dt.simulate(1, lambda: cases.reference("Adam", steps=4))[0]
+
+    def first():
+        res = cases.train((2,), ("dp",), "Adam", dt.ShardingStage2, steps=2)
+        with dt.CommCounter() as cc:
+            dt.save({"model": res["model"].state_dict(), "opt": res["opt"].state_dict()}, path)
+        return cc.counts
+
+    counts = dt.simulate(2, first)[0]
+    assert "all_gather" not in counts and "all_reduce" not in counts, counts
+
+    def resume(world, stage):
+        def body():
+            mesh = dt.ProcessMesh(list(range(world)), dim_names=["dp"])
+            model = cases.Scaled(mesh)
+            opt = dt.shard_optimizer(cases.optimizer("Adam", list(model.parameters())), stage("dp"))
+            got = dt.load({"model": model.state_dict(), "opt": opt.state_dict()}, path)
+            with dt.no_grad():
+                for n, p in model.named_parameters():
+                    p[...] = got["model"][n]
+            opt.load_state_dict(got["opt"])
+            for step in (2, 3):
+                x, y = cases.data(step)
+                xs = dt.shard_tensor(x, mesh, [dt.Shard(0)])
+                ys = dt.shard_tensor(y, mesh, [dt.Shard(0)])
+                ((model(xs) - ys) ** 2).mean().backward()
+                opt.step()
+                opt.zero_grad()
+            return {n: p.numpy() for n, p in model.named_parameters()}
+
+        return dt.simulate(world, body)
+
+    for world, stage in ((3, dt.ShardingStage1), (4, dt.ShardingStage3)):
+        for got in resume(world, stage):
+            cases.close(got, want, f"resumed with {stage.__name__} on {world} ranks")
