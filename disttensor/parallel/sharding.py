@@ -513,7 +513,7 @@ def shard_optimizer(optimizer: Any, stage: _Stage) -> ShardedOptimizer:
     ...     opt.step()
     ...     return opt.state[id(w)]["exp_avg"].placements, w.placements
     >>> dt.simulate(2, train)[0]
-    ((Shard(dim=0),), (Replicate(),))
+    ([Shard(dim=0)], [Replicate()])
     """
     return ShardedOptimizer(optimizer, stage)
 
