@@ -1,6 +1,7 @@
 """Train a small GPT with data and Megatron tensor parallelism; check it against one process.
 
     mpiexec -n 4 python demos/gpt_dp_mp.py [--mesh 2x2] [--dtype float64|float32] [--steps 20]
+                                           [--sharding 1|2|3]
 
 Token embedding (vocabulary-parallel: its rows split over "mp") + position embedding, two
 transformer blocks sharded by dt.nn.megatron_plan (q/k/v and mlp.fc1 column-parallel,
@@ -9,6 +10,9 @@ over the vocabulary, so the cross entropy is vocabulary-parallel (only per-row s
 move, never the logits). The batch is split over "dp". The model learns a repeating token
 pattern; the losses, the last step's gradients and the final parameters must equal the
 single-process run (relative 1e-9 in float64, 1e-5 in float32) and the loss must go down.
+``--sharding K`` splits the optimizer state (1), the gradients (2) and the parameters between
+steps (3) over "dp" with ``dt.shard_optimizer(opt, dt.ShardingStageK("dp"))`` and prints what
+each rank holds (``dt.memory_report``).
 """
 
 from __future__ import annotations
@@ -69,11 +73,21 @@ def batches(steps: int):
         yield window[:, :-1], window[:, 1:]
 
 
+STAGES = {1: dt.ShardingStage1, 2: dt.ShardingStage2, 3: dt.ShardingStage3}
+
+
 def train(
-    mesh: dt.ProcessMesh, steps: int, dtype, show: bool = False, bad: bool = False, dp="plain"
+    mesh: dt.ProcessMesh,
+    steps: int,
+    dtype,
+    show: bool = False,
+    bad: bool = False,
+    dp="plain",
+    sharding: int = 0,
 ):
     """Train on ``mesh`` (2-D: sharded; one rank: the single-process program); ``dp``
-    "fused" reduces the data-parallel gradients with dt.DataParallel."""
+    "fused" reduces the data-parallel gradients with dt.DataParallel; ``sharding`` K > 0
+    shards the model state over "dp" with ShardingStageK."""
     dt.manual_seed(0)  # the same initial weights on every mesh
     model = GPT(dtype)
     sharded = mesh.ndim == 2
@@ -87,16 +101,35 @@ def train(
     placements = [dt.Shard(0), dt.Replicate()] if sharded else [dt.Replicate()]
     wrapper = data_parallel(model, mesh, dp)
     net = wrapper or model  # the wrapper's forward is the model's
+    if sharding and sharded:
+        opt = dt.shard_optimizer(opt, STAGES[sharding]("dp"))
 
     def loss_of(batch):
         ids, labels = (dt.shard_tensor(a, mesh, placements) for a in batch)
         return dt.cross_entropy(net(ids), labels)  # class axis split: vocab-parallel
 
-    return fit(opt, batches(steps), loss_of, model.named_parameters, steps, show, wrapper)
+    result = fit(opt, batches(steps), loss_of, model.named_parameters, steps, show, wrapper)
+    if show and sharding:
+        held = dt.memory_report(model, opt)  # after the last step, before zero_grad
+        dt.print0(
+            f"ShardingStage{sharding}: rank 0 holds {held['parameters']:,} bytes of parameters, "
+            f"{held['gradients']:,} of gradients, {held['optimizer_state']:,} of optimizer "
+            f"state ({held['total']:,} in all)"
+        )
+    return result
 
 
 def main() -> None:
-    args = options(__doc__, steps=20).parse_args()
+    parser = options(__doc__, steps=20)
+    parser.add_argument(
+        "--sharding",
+        type=int,
+        choices=[0, 1, 2, 3],
+        default=0,
+        help="split the model state over dp: 1 optimizer state, 2 and gradients, 3 and "
+        "parameters (dt.shard_optimizer); 0 (default): not split",
+    )
+    args = parser.parse_args()
     mesh = mesh_2d(args.mesh)
     dtype = np.dtype(args.dtype)
     dp, mp = mesh.shape
@@ -105,7 +138,9 @@ def main() -> None:
         f"{BATCH}, AdamW, {dtype}\nmesh {dp}x{mp} (dp x mp): batch split {dp} ways; "
         f"embedding, blocks and lm head tensor-parallel {mp} ways"
     )
-    sharded = train(mesh, args.steps, dtype, show=True, bad=args.perturb, dp=args.dp)
+    sharded = train(
+        mesh, args.steps, dtype, show=True, bad=args.perturb, dp=args.dp, sharding=args.sharding
+    )
     single = train(single_mesh(), args.steps, dtype)
     worst = check(sharded, single, args.dtype)
     losses = sharded["losses"]

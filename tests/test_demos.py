@@ -181,6 +181,24 @@ def test_mlp_demo_other_meshes(mesh):
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_gpt_demo_with_a_sharding_stage(stage):
+    """dt.shard_optimizer on the 2x2 dp x mp mesh: the single-process result, the memory
+    report, and each stage's collectives in the optimizer step (stages 2 and 3 reduce-scatter;
+    stage 3 gathers parameters in the forward, not in the step)."""
+    code, out = run(
+        4, ["demos/gpt_dp_mp.py", "--sharding", str(stage), "--steps", "4"], timeout=180
+    )
+    assert code == 0, out
+    assert OK in out and f"ShardingStage{stage}: rank 0 holds" in out, out
+    line = next(x for x in out.splitlines() if x.startswith("collectives per step"))
+    optimizer = line.split("optimizer ")[1]
+    assert ("reduce_scatter" in optimizer) == (stage >= 2), out
+    assert ("all_gather" in optimizer) == (stage < 3), out
+    assert ("all_gather" in line.split(" | ")[0]) == (stage == 3), out
+
+
+@pytest.mark.mpi
 def test_gpt_demo_loss_goes_down():
     code, out = run(2, ["demos/gpt_dp_mp.py", "--steps", "12"], timeout=180)
     assert code == 0, out

@@ -324,11 +324,12 @@ class Reducer:
 
 
 # -- the optimizer's reduction of the gradients nothing reduced during backward ---------------
-def reduce_remaining(params: list) -> tuple[int, int]:
+def reduce_remaining(params: list, keep: tuple[int, ...] = ()) -> tuple[int, int]:
     """Note [Gradients reduced at the step]: reduce, in one all-reduce per group, the
     gradients of ``params`` that are Partial where their parameter is Replicate; each becomes
     a view into its group's buffer, Replicate over those dims. Returns (gradients reduced so,
-    all-reduces made); the rest are left to the optimizer's reshard.
+    all-reduces made); the rest are left to the optimizer's reshard. Mesh dims in ``keep``
+    stay Partial (a sharding stage reduce-scatters over them afterwards).
 
     Note [Gradients reduced at the step]
         After backward, a gradient may still be Partial where its parameter is replicated:
@@ -361,9 +362,14 @@ def reduce_remaining(params: list) -> tuple[int, int]:
         gs, ps = g._spec, p._spec
         if gs == ps or gs.mesh != ps.mesh or gs.shape != ps.shape:
             continue
-        key = bucket_key(gs, tuple(range(len(gs.placements))))  # every Partial dim, one type
+        dims = tuple(m for m in range(len(gs.placements)) if m not in keep)
+        key = bucket_key(gs, dims)  # every Partial dim not kept, one type
         if key is None or not all(ps.placements[m].is_replicate() for m in key[0]):
             continue
+        if keep and len({gs.placements[m].reduce_type for m in key[0]} | {
+            gs.placements[m].reduce_type for m in keep if gs.placements[m].is_partial()
+        }) != 1:
+            continue  # the kept Partial of another type: its order matters, left to the reshard
         groups.setdefault((gs.mesh, *key, backend.of(g._local)), []).append(p)
     rank = comm.get_rank()
     done = made = 0

@@ -339,10 +339,15 @@ class ShardedOptimizer:
         out: dict[int, Any] = {}
         scatter: list[tuple[_Slice, Any]] = []
         m = self.dim
-        if self.stage >= 2:  # parameters with no dim to split: all-reduced together
+        if self.stage >= 2:
+            # parameters with no dim to split: all-reduced together; the others' Partial
+            # dims besides the sharding dim (a layer norm weight under tensor parallelism)
+            # too, leaving them Partial over the dim only, for the reduce-scatter
             whole = [s.param for s in self.slices.values() if s.d is None]
+            split = [s.param for s in self.slices.values() if s.d is not None]
             n, k = reduce_remaining(whole)
-            self.optimizer.reductions = {"gradients": n, "all_reduces": k}
+            n2, k2 = reduce_remaining(split, keep=(m,))
+            self.optimizer.reductions = {"gradients": n + n2, "all_reduces": k + k2}
         for p in self.optimizer.params:
             s = self.slices.get(id(p))
             g = p.grad
