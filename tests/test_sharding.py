@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import sharding_cases as cases
 from mpirun import run
+from test_device import DEVICES
 
 import disttensor as dt
 
@@ -82,3 +83,30 @@ def test_checkpoint_at_one_stage_and_world_loads_at_another(tmp_path):
     for world, stage in ((3, dt.ShardingStage1), (4, dt.ShardingStage3)):
         for got in resume(world, stage):
             cases.close(got, want, f"resumed with {stage.__name__} on {world} ranks")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("stage", cases.STAGES, ids=lambda s: s.__name__)
+def test_stages_on_a_device(stage, device):
+    """Device shards (tests/fake_device.py's stand-in; CuPy where there is a GPU): the state,
+    the gradient slices and the buckets live on the device, and the run equals the host's
+    (bit for bit on the stand-in, which computes with numpy)."""
+    from disttensor import backend
+
+    def body(dev):
+        dt.set_device(dev)
+        res = cases.train((3,), ("dp",), "Adam", stage, dp=True)
+        kinds = {type(t.to_local()) for e in res["opt"].state.values() for t in e.values()}
+        kinds |= {type(p.to_local()) for p in res["model"].parameters()}
+        return res["params"], kinds, backend.current().array_type
+
+    host = dt.simulate(3, lambda: body("cpu"))
+    dev = dt.simulate(3, lambda: body(device))
+    for (hp, _, _), (dp_, kinds, want) in zip(host, dev):
+        assert kinds == {want}, kinds
+        for n, v in hp.items():
+            got = dp_[n]
+            if device == "fake":
+                assert np.array_equal(got, v), n
+            else:
+                assert np.allclose(got, v, rtol=1e-9, atol=1e-12), n
