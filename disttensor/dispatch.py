@@ -30,7 +30,7 @@ from .autograd import GRADIENTS as _GRADIENTS
 from .autograd import NOT_DIFFERENTIABLE as _NOT_DIFFERENTIABLE
 from .autograd import _memo  # Note [One move per input]
 from .comm import _ctx as _comm_ctx
-from .comm.agree import doing
+from .comm.agree import doing, fixed_item
 from .explain import HOOKS as _explain
 from .placement import Replicate
 from .spec import DistSpec
@@ -137,7 +137,7 @@ def _forget(key: tuple, _ref: Any) -> None:
 
 
 class _Entry:
-    __slots__ = ("dense", "last", "mesh", "plan", "pos", "refs", "simple")
+    __slots__ = ("dense", "label", "last", "mesh", "plan", "pos", "refs", "simple")
 
     def __init__(self, specs: tuple, plan: tuple, pos: tuple, nargs: int, key: tuple) -> None:
         forget = functools.partial(_forget, key)
@@ -151,6 +151,7 @@ class _Entry:
         # (world, coord, kernel ctx, dtype, spec, local shape, recorded, (spec,), gradient
         # function): _finish
         self.last: tuple | None = None
+        self.label: tuple | None = None  # _named's item
 
 
 _cache: dict[tuple, Any] = {}
@@ -367,10 +368,10 @@ def _general(op: Op, args: tuple, attrs: dict, idkey: Any, entry: _Entry | None)
         for i, a in zip(pos, tensors):
             kargs[i] = a._local
     elif out_shapes is None:  # the replicate fallback: Note [Communication outside rules]
-        with outside_rules(op.name, NO_RULE), doing(_label, op.name, tensors):
+        with outside_rules(op.name, NO_RULE), _named(op, tensors, entry):
             _move(pos, tensors, moves, kargs)
     else:
-        with doing(_label, op.name, tensors):  # named if the ranks diverge
+        with _named(op, tensors, entry):  # named if the ranks diverge
             _move(pos, tensors, moves, kargs)
     if moves is None and out_shapes is None:  # a fallback with nothing to move
         note_outside_rules(op.name, NO_RULE, 0)
@@ -390,6 +391,17 @@ def _general(op: Op, args: tuple, attrs: dict, idkey: Any, entry: _Entry | None)
         elif type(result) is tuple:
             result = result[0]
     return _finish(op, args, attrs, entry, plan, mesh, coord, kargs, result, tensors, pos, t, extra)
+
+
+def _named(op: Op, tensors: list, entry: _Entry | None) -> doing:
+    """What the agreement check names while the inputs move: the op and its inputs; an
+    entry's label is made once (its specs are the very ones of this call)."""
+    if entry is None:
+        return doing(_label, op.name, tensors)
+    item = entry.label
+    if item is None:
+        item = entry.label = fixed_item(_label, op.name, [t._spec for t in tensors])
+    return doing.fixed(item)
 
 
 def _label(name: str, tensors: list) -> str:

@@ -439,7 +439,8 @@ def _context() -> str:
     from .reshard import describe
 
     parts = []
-    for what, args in agree._doing.stack or ():
+    for item in agree._doing.stack or ():
+        what, args = item[0], item[1]
         if what is describe or what is _label:
             continue
         try:

@@ -36,7 +36,8 @@ from typing import Any
 import numpy as np
 
 from . import backend, comm
-from .comm.agree import doing
+from .comm.agree import doing, fixed_item
+from .explain import HOOKS as _explain
 from .placement import Partial, Placement, Replicate, Shard, commutes
 from .spec import DistSpec, contiguous, split_offset, split_sizes
 from .spmd.core import reshard_cost
@@ -150,9 +151,13 @@ class Move:
     function and the spec each starts from, and whether it gathers (a Shard becomes whole on
     some mesh dim)."""
 
-    __slots__ = ("cross", "gathers", "steps")
+    __slots__ = ("bound", "cross", "gathers", "item", "steps")
 
     def __init__(self, spec: DistSpec, dst: DistSpec) -> None:
+        # what the agreement check names (its hash worked out once), and per world the
+        # rank's coordinate and the steps' mesh dims with their communicators (``bind``)
+        self.item = fixed_item(describe, spec, dst)
+        self.bound: dict[int, tuple] = {}
         self.cross = spec.mesh != dst.mesh
         self.gathers = self.cross or any(
             p.is_shard() and q != p and n > 1
@@ -161,6 +166,23 @@ class Move:
         self.steps = () if self.cross else tuple(
             (_STEPS[step.kind], step, before) for step, before in _path(spec, dst)
         )  # fmt: skip
+
+    def bind(self, world: Any, spec: DistSpec) -> tuple:
+        """(world, coord, per step its _Dim) on ``world``'s rank; kept for the next call
+        (a few worlds per move: simulated worlds come and go)."""
+        hit = self.bound.get(id(world))
+        if hit is not None and hit[0] is world:
+            return hit
+        rank = world.rank
+        mesh = spec.mesh
+        coord = mesh.get_coord(rank)
+        dims = () if coord is None else tuple(
+            _Dim(mesh, step.mesh_dim, rank, coord) for _, step, _ in self.steps
+        )  # fmt: skip
+        if len(self.bound) >= 8:
+            self.bound.clear()
+        hit = self.bound[id(world)] = (world, coord, dims)
+        return hit
 
 
 @lru_cache(maxsize=4096)
@@ -176,17 +198,18 @@ def execute(local: Any, spec: DistSpec, dst: DistSpec, how: Move | None = None) 
     the caller has it."""
     if how is None:
         how = move(spec, dst)
-    rank = comm.get_rank()
-    # a new item each call: dt.explain tells one execution from the next by it
-    with doing(describe, spec, dst):  # for the message when ranks diverge
+    # for the message when ranks diverge; under dt.explain a new item each call, by which
+    # it tells one execution from the next
+    named = doing(describe, spec, dst) if _explain.active else doing.fixed(how.item)
+    with named:
+        world = comm.world()
         if how.cross:
-            return _cross_mesh(local, spec, dst, rank)
-        coord = spec.mesh.get_coord(rank)
+            return _cross_mesh(local, spec, dst, world.rank)
+        _, coord, dims = how.bind(world, spec)
         if coord is None:  # not in the mesh: nothing to hold, nothing to do
             return _empty(dst, coord, local)
-        mesh = spec.mesh
-        for fn, step, before in how.steps:
-            local = fn(local, before, step, coord, _Dim(mesh, step.mesh_dim, rank, coord))
+        for (fn, step, before), dim in zip(how.steps, dims):
+            local = fn(local, before, step, coord, dim)
         return local
 
 

@@ -128,12 +128,19 @@ _doing = _Doing()
 
 class doing:
     """Context manager: collectives started inside belong to ``what`` (a str, or a function
-    called with ``args`` only when a description is needed, so setting it costs nothing)."""
+    called with ``args`` only when a description is needed, so setting it costs nothing).
+    ``doing.fixed(item)`` enters an item that ``fixed_item`` made."""
 
     __slots__ = ("item",)
 
     def __init__(self, what: str | Callable[..., str], *args: Any) -> None:
         self.item = (what, args)
+
+    @classmethod
+    def fixed(cls, item: tuple) -> doing:
+        d = cls.__new__(cls)
+        d.item = item
+        return d
 
     def __enter__(self) -> None:
         stack = _doing.stack
@@ -150,7 +157,14 @@ def context() -> str:
     stack = _doing.stack
     if not stack:
         return ""
-    return " > ".join(_describe(what, args) for what, args in stack)
+    return " > ".join(_describe(item[0], item[1]) for item in stack)
+
+
+def fixed_item(what: str | Callable[..., str], *args: Any) -> tuple:
+    """A ``doing`` item whose description cannot change (its arguments are immutable: specs,
+    names), with the hash of that description worked out now, once: a plan that repeats its
+    collectives keeps one and enters it with ``doing.fixed``."""
+    return (what, args, _hash(_describe(what, args).encode()))
 
 
 def _describe(what: str | Callable[..., str], args: tuple) -> str:
@@ -215,6 +229,8 @@ ITEMS: dict[Any, int] = {}  # a doing item's key -> the hash of its description
 
 def _item_hash(item: tuple) -> int:
     """The hash of one ``doing`` item's description, cached by (what, arguments)."""
+    if len(item) == 3:  # fixed_item's
+        return item[2]
     what, args = item
     key: Any = item
     for a in args:
