@@ -110,3 +110,29 @@ def test_stages_on_a_device(stage, device):
                 assert np.array_equal(got, v), n
             else:
                 assert np.allclose(got, v, rtol=1e-9, atol=1e-12), n
+
+
+def test_memory_report_traces_the_step_peak():
+    """``step=``: the step runs under tracemalloc; its peak counts what it allocated (here a
+    512 KiB temporary beside the gradients), and tracing is left as it was."""
+    import tracemalloc
+
+    def body():
+        mesh = dt.ProcessMesh([0, 1], dim_names=["dp"])
+        w = dt.nn.Parameter(dt.shard_tensor(np.ones((256, 64)), mesh, [dt.Replicate()]))
+        opt = dt.shard_optimizer(dt.optim.SGD([w], lr=0.1), dt.ShardingStage2("dp"))
+
+        def step():
+            scratch = np.zeros(65536)  # 512 KiB held while the step runs
+            (w * w).sum().backward()
+            opt.step()
+            return scratch.size
+
+        return dt.memory_report([w], opt, step=step)
+
+    for report in dt.simulate(2, body):
+        assert report["step_peak"] >= 65536 * 8 + 256 * 64 * 8, report  # scratch + a gradient
+        assert report["gradients"] == 128 * 64 * 8, report  # the slice, after the step
+    assert not tracemalloc.is_tracing()
+    with pytest.raises(TypeError, match="function of no arguments"):
+        dt.memory_report([1], step=3)

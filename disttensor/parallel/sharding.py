@@ -41,6 +41,9 @@ from __future__ import annotations
 
 import math
 import numbers
+import threading
+import tracemalloc
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -523,13 +526,53 @@ def shard_optimizer(optimizer: Any, stage: _Stage) -> ShardedOptimizer:
     return ShardedOptimizer(optimizer, stage)
 
 
-def memory_report(model: Any = None, optimizer: Any = None) -> dict[str, int]:
+_TRACE_LOCK = threading.Lock()
+_trace = {"users": 0, "ours": False}  # memory_report(step=) calls tracing now; started by us
+
+
+def _tracing(change: int) -> None:
+    """Start tracemalloc for the first step traced (unless the user had), stop it after the
+    last: simulated ranks are threads of one process, which has one tracemalloc (so under
+    dt.simulate a step's peak counts every simulated rank's allocations)."""
+    with _TRACE_LOCK:
+        if change > 0 and _trace["users"] == 0 and not tracemalloc.is_tracing():
+            tracemalloc.start()
+            _trace["ours"] = True
+        _trace["users"] += change
+        if _trace["users"] == 0 and _trace["ours"]:
+            tracemalloc.stop()
+            _trace["ours"] = False
+
+
+def memory_report(
+    model: Any = None, optimizer: Any = None, step: Callable[[], Any] | None = None
+) -> dict[str, int]:
     """Bytes this rank holds for the model state (no communication): ``parameters``,
     ``gradients`` (the ``.grad`` arrays now), ``optimizer_state`` and their ``total``.
     ``model`` is a dt.nn.Module or a list of parameters (default: the optimizer's); each
-    distinct local array is counted once."""
+    distinct local array is counted once.
+
+    ``step``: a function that runs one training step (forward, backward, ``opt.step()``;
+    collective, as the step is). It is called under Python's tracemalloc, which numpy
+    reports its arrays to, and ``step_peak`` is the most host memory allocated at once
+    during it above what was allocated when it began (activations, gradients, buckets and
+    temporaries; device memory is not traced; under dt.simulate every simulated rank's); the
+    other fields are counted after it. The tracing slows the step down: measure times
+    without it."""
     if model is None and optimizer is None:
         raise TypeError("memory_report needs a model (or parameter list), an optimizer, or both")
+    if step is not None and not callable(step):
+        raise TypeError(f"memory_report: step must be a function of no arguments, got {step!r}")
+    peak = None
+    if step is not None:
+        _tracing(+1)
+        try:
+            tracemalloc.reset_peak()
+            base, _ = tracemalloc.get_traced_memory()
+            step()
+            peak = max(tracemalloc.get_traced_memory()[1] - base, 0)
+        finally:
+            _tracing(-1)
     if model is None:
         params = list(optimizer.params)
     elif hasattr(model, "parameters"):
@@ -554,6 +597,8 @@ def memory_report(model: Any = None, optimizer: Any = None) -> dict[str, int]:
             nbytes(t.to_local()) for entry in optimizer.state.values() for t in entry.values()
         )
     report["total"] = report["parameters"] + report["gradients"] + report["optimizer_state"]
+    if peak is not None:
+        report["step_peak"] = int(peak)
     return report
 
 
