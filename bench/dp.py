@@ -1,10 +1,16 @@
-"""Data parallelism: fused gradient buckets, overlap with backward and gradient merge, in one run.
+"""Data parallelism: fused gradient buckets, overlap with backward, gradient merge and sharded
+data parallelism (ZeRO stages 1 to 3), in one run.
 
 Run (N = 2 or 4 ranks; each rank one thread)::
 
     OMP_NUM_THREADS=1 mpiexec -n 2 python bench/dp.py
     OMP_NUM_THREADS=1 mpiexec -n 4 python bench/dp.py
     OMP_NUM_THREADS=1 mpiexec -n 2 python bench/dp.py --quick   # smoke run, seconds
+    OMP_NUM_THREADS=1 mpiexec -n 2 python bench/dp.py --only e  # table (e) alone, a minute
+
+``--only`` takes a comma list of tables (a, b, c, e; (d) comes with (b)) and runs those
+alone, with the checks they need: the float64 agreement check for (b) and (c), (a)'s own
+check for (a), the sharding check for (e).
 
 All tables are timed with the method of bench/_timing.py: every timed call starts after a
 barrier, its time is the max over ranks, the variants of a table are interleaved in rounds
@@ -88,15 +94,46 @@ to 1e-9 relative, and every final parameter to 1e-9 of how far it moved
 (``max|p - p_ref| <= 1e-9 * max|p_ref - p_initial|``); every variant must move every tensor.
 (a)'s variants are checked too (exact sums of small integers). On a mismatch every rank
 exits non-zero and rank 0 prints what differed; no time is reported.
+
+(e) Sharded data parallelism: the MLP of (b) with AdamW (lr 1e-3: SGD keeps no state to
+split), batch Shard(0) over "dp", float32, wrapped in ``DataParallel()`` (fused + overlap)
+alone ("DP (plain)", the baseline) and with ``dt.shard_optimizer(opt,
+dt.ShardingStage1/2/3("dp"))`` (Note [Sharding stages] in disttensor/parallel/sharding.py:
+stage 1 splits the Adam moments over "dp", stage 2 also reduce-scatters the gradients into
+slices, stage 3 also keeps the parameters as slices between steps, gathered before each
+module's forward). One step and its phases as in (b), the four variants interleaved.
+Goal: stages 1 and 2 within 1.05x of the plain step, stage 3 within 1.3x. Memory, per rank
+(max over ranks), in MB (1e6 bytes):
+
+    model state         ``dt.memory_report(model, opt)`` after ``opt.step()``, before
+                        ``zero_grad()``: parameters + gradients + optimizer state; next to the
+                        ideal (plain's, with the parts the stage splits divided by N; stage 3:
+                        1/N) and what stays after ``zero_grad()``
+    DP buckets          DataParallel's bucket buffers (``dp_model.buckets``): kept from step
+                        to step, the size of the gradients; memory_report does not count them
+    traced held, peak   ``tracemalloc`` (numpy registers its buffers with it) on a fresh copy
+                        of each variant, tracing from its construction through 2 warm-up
+                        steps: the bytes held between steps (everything the variant keeps,
+                        bucket buffers included), and the peak during one more step
+                        (activations, gradients and communication buffers on top); untimed
+
+Before (e)'s timing, in ``--quick`` too, a float32 check at the run's sizes: plain and every
+stage, built from the same seeds, take 3 AdamW steps on the same batches; each step's loss and
+every final parameter (gathered) must match plain DataParallel's to 1e-5 relative
+(``max|p - p_plain| <= 1e-5 * max|p_plain|`` per tensor), and every tensor must have moved.
+The values need not be bitwise equal: over 3 or more ranks MPI may sum the reduce-scatter in
+another order than the all-reduce. On a mismatch every rank exits non-zero, as above.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import socket
 import sys
 import time
+import tracemalloc
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -203,18 +240,27 @@ class DtRun:
     placements: list
     inner: dt.nn.Module
     dp: dt.DataParallel | None
-    opt: dt.optim.SGD
+    opt: Any  # dt.optim.SGD, or AdamW in (e), perhaps in a dt.shard_optimizer
     loss_fn: dt.nn.MSELoss = field(default_factory=dt.nn.MSELoss)
     phases: list = field(default_factory=list)
 
     @classmethod
-    def make(cls, mesh, args, dtype, wrap: dict | None, k: int = 1, dp: bool = True) -> DtRun:
+    def make(
+        cls, mesh, args, dtype, wrap: dict | None, k: int = 1, dp: bool = True,
+        optim: Callable | None = None, stage: type | None = None,
+    ) -> DtRun:  # fmt: skip
+        """``optim(parameters)`` makes the optimizer (default SGD, lr ``LR``); ``stage`` (a
+        dt.ShardingStage1, 2 or 3) shards it over "dp"."""
         inner = build_dt_mlp(mesh, args.layers, args.width, dtype)
         wrapper = None
         if wrap is not None:
             wrapper = dt.DataParallel(inner, mesh, dim="dp", k_steps=k, **wrap)
         model = inner if wrapper is None else wrapper
-        opt = dt.optim.SGD(model.parameters(), lr=LR)
+        opt = (
+            dt.optim.SGD(model.parameters(), lr=LR) if optim is None else optim(model.parameters())
+        )
+        if stage is not None:
+            opt = dt.shard_optimizer(opt, stage("dp"))
         placements = [dt.Shard(0)] if dp else [dt.Replicate()]
         return cls(mesh, placements, inner, wrapper, opt)
 
@@ -252,6 +298,10 @@ class DtRun:
     def params(self) -> list[np.ndarray]:
         """Parameters in (W, b) order, this rank's copies (Replicate: the whole tensor)."""
         return [p.to_local().copy() for p in self.inner.parameters()]
+
+    def global_params(self) -> list[np.ndarray]:
+        """Parameters in (W, b) order, whole (gathered where stage 3 keeps a slice)."""
+        return [np.array(p.numpy(), copy=True) for p in self.inner.parameters()]
 
 
 @dataclass
@@ -555,6 +605,246 @@ def fused_case(comm, mesh, args):
     return fns, befores, check, layout
 
 
+# -- (e) sharded data parallelism ----------------------------------------------------------
+ADAM_LR = 1e-3
+SHARD_TOL = 1e-5  # float32: max|p - p_plain| / max|p_plain| per tensor; loss relative
+PLANT_SHARD = 1e-2  # --plant NAME: that variant's learning rate off by this much (float32)
+PLAIN = "DP (plain)"
+SHARDED: dict[str, Any] = {  # (name, sharding stage or None)
+    PLAIN: None,
+    "DP + ShardingStage1": dt.ShardingStage1,
+    "DP + ShardingStage2": dt.ShardingStage2,
+    "DP + ShardingStage3": dt.ShardingStage3,
+}
+GOAL_STAGE = {1: 1.05, 2: 1.05, 3: 1.3}  # step time / plain
+MEM_TOL = 0.03  # model state within 3 % of the ideal (uneven splits round up)
+
+
+def adamw(params) -> dt.optim.AdamW:
+    return dt.optim.AdamW(params, lr=ADAM_LR)
+
+
+def sharded_run(mesh: dt.ProcessMesh, args, name: str, dtype: Any = np.float32) -> DtRun:
+    """Variant ``name`` of (e): DataParallel() (fused + overlap), AdamW, maybe sharded."""
+    return DtRun.make(mesh, args, dtype, {"overlap": True}, optim=adamw, stage=SHARDED[name])
+
+
+def stage_of(name: str) -> int:
+    return 0 if SHARDED[name] is None else SHARDED[name].stage
+
+
+def phase_median(comm: MPI.Comm, phases: list) -> np.ndarray:
+    """Each phase's median over the steps of its per-step max over ranks."""
+    a = np.array(phases, dtype=np.float64).reshape(-1, len(PHASES))
+    comm.Allreduce(MPI.IN_PLACE, a, op=MPI.MAX)
+    return np.median(a, axis=0)
+
+
+def sharding_check(comm: MPI.Comm, args, mesh: dt.ProcessMesh) -> str:
+    """Every stage against plain DataParallel, float32, AdamW (module docstring, (e)).
+    Returns the summary line; raises CheckFailed (on every rank) on a mismatch."""
+    rank = comm.Get_rank()
+    start = time.perf_counter()
+    rng = np.random.default_rng(2)
+    f32 = np.float32
+    batches = [
+        rng.standard_normal((2, args.batch, args.width)).astype(f32) for _ in range(CHECK_STEPS)
+    ]
+    failures: list[str] = []
+    init: list[np.ndarray] | None = None
+    results: dict[str, tuple[list[float], list[np.ndarray]]] = {}
+    for name in SHARDED:
+        r = sharded_run(mesh, args, name)
+        if name == args.plant:  # the test that a wrong variant fails the check
+            r.opt.set_lr(ADAM_LR * (1 + PLANT_SHARD))
+        first = r.global_params()
+        if init is None:
+            init = first
+        elif not all(np.array_equal(p, q) for p, q in zip(first, init, strict=True)):
+            failures.append(f"rank {rank}: {name}: initial weights differ from {PLAIN}")
+        losses: list[float] = []
+        for x, t in batches:
+            r.step([tuple(r.data([x, t]))], losses)
+        results[name] = (losses, r.global_params())
+        del r
+    ref_losses, ref = results[PLAIN]
+    worst_abs = {name: 0.0 for name in SHARDED if name != PLAIN}
+    worst_rel = {"loss": 0.0, "parameters": 0.0}
+    for name, (losses, final) in results.items():
+        for i, (p, p0) in enumerate(zip(final, init, strict=True)):
+            if not float(np.max(np.abs(p - p0))) > 0:
+                what = f"layer {i // 2} {'weight' if i % 2 == 0 else 'bias'}"
+                failures.append(f"rank {rank}: {name}: {what} did not change in the steps")
+        if name == PLAIN:
+            continue
+        for s, (a, b) in enumerate(zip(losses, ref_losses, strict=True), 1):
+            rel = abs(a - b) / abs(b)
+            worst_rel["loss"] = max(worst_rel["loss"], rel)
+            if not rel <= SHARD_TOL:
+                failures.append(
+                    f"rank {rank}: {name} step {s} loss {a!r} vs {PLAIN} {b!r}: relative "
+                    f"difference {rel:.3g} > {SHARD_TOL:g}"
+                )
+        for i, (p, q) in enumerate(zip(final, ref, strict=True)):
+            diff = float(np.max(np.abs(p - q)))
+            rel = diff / float(np.max(np.abs(q)))
+            worst_abs[name] = max(worst_abs[name], diff)
+            worst_rel["parameters"] = max(worst_rel["parameters"], rel)
+            if not rel <= SHARD_TOL:
+                what = f"layer {i // 2} {'weight' if i % 2 == 0 else 'bias'}"
+                failures.append(
+                    f"rank {rank}: {name}: {what} differs from {PLAIN} by {diff:.3g} "
+                    f"(max abs), {rel:.3g} of max|p| > {SHARD_TOL:g}"
+                )
+    verdicts = comm.allgather((failures, worst_abs, worst_rel))
+    failures = [f for fs, _, _ in verdicts for f in fs]
+    if failures:
+        shown = [f"  {f}" for f in failures[:30]]
+        if len(failures) > 30:
+            shown.append(f"  ... and {len(failures) - 30} more")
+        raise CheckFailed("\n".join(shown), "sharding check")
+    diffs = ", ".join(
+        f"{k.removeprefix('DP + ShardingStage')} {max(v[k] for _, v, _ in verdicts):.1e}"
+        for k in worst_abs
+    )
+    rel = {k: max(w[k] for _, _, w in verdicts) for k in worst_rel}
+    return (
+        f"sharding check (float32, {CHECK_STEPS} AdamW steps, {PLAIN} and DataParallel + "
+        f"ShardingStage1, 2, 3): losses and final parameters agree with plain DataParallel "
+        f"(max abs parameter diff, stage {diffs}; max rel: loss {rel['loss']:.1e}, "
+        f"parameters {rel['parameters']:.1e} of max|p|; tolerance {SHARD_TOL:g}; "
+        f"{time.perf_counter() - start:.2f} s)"
+    )
+
+
+def traced_memory(comm: MPI.Comm, mesh, args, name: str, x_np, t_np) -> np.ndarray:
+    """A fresh copy of variant ``name``, traced by tracemalloc from its construction through
+    2 warm-up steps and one more (module docstring, (e)). Returns, in bytes on this rank:
+    parameters, gradients, optimizer state (memory_report after opt.step), memory_report's
+    total after zero_grad, DataParallel's bucket buffers, traced bytes held before the step,
+    traced peak during the step."""
+    gc.collect()
+    tracemalloc.start()
+    try:
+        r = sharded_run(mesh, args, name)
+        ((x, t),) = micro = [tuple(r.data([x_np, t_np]))]
+        for _ in range(2):
+            r.step(micro)
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        loss = r.loss_fn(r.model(x), t)
+        loss.backward()
+        r.opt.step()
+        step = dt.memory_report(r.inner, r.opt)
+        r.opt.zero_grad()
+        zero = dt.memory_report(r.inner, r.opt)
+        del loss
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    buckets = sum(b["bytes"] for b in r.dp.buckets.get("buckets", []))
+    parts = (step["parameters"], step["gradients"], step["optimizer_state"], zero["total"])
+    return np.array([*parts, buckets, held, peak], dtype=np.float64)
+
+
+def sharding_table(comm: MPI.Comm, args, mesh, x_np, t_np, iters, say) -> None:
+    """Table (e): step time and memory of plain DataParallel and the three stages."""
+    n = comm.Get_size()
+    runs = {name: sharded_run(mesh, args, name) for name in SHARDED}
+    fns: dict[str, Callable[[], Any]] = {}
+    for name, r in runs.items():
+        micro = [tuple(r.data([x_np, t_np]))]
+        fns[name] = lambda r=r, micro=micro: r.step(micro)
+    gentle = {k: (lambda: gentle_barrier(comm)) for k in fns}
+    resets = [r.phases for r in runs.values()]
+    st = run_table(comm, fns, gentle, args.budget, args.rounds, args.warmup, iters, resets)
+    ph = {k: phase_median(comm, r.phases) for k, r in runs.items()}
+    del runs, fns
+    mem = {}
+    for name in SHARDED:  # the same order on every rank
+        m = traced_memory(comm, mesh, args, name, x_np, t_np)
+        comm.Allreduce(MPI.IN_PLACE, m, op=MPI.MAX)
+        mem[name] = m
+
+    pbytes = args.layers * (args.width * args.width + args.width) * 4
+    base = st[PLAIN].median
+    say(
+        "",
+        f"(e) sharded data parallelism: MLP {args.layers} x (Linear({args.width}, "
+        f"{args.width}), Tanh), MSELoss, AdamW lr {ADAM_LR:g}, global batch {args.batch} "
+        f'Shard(0) over "dp", float32 ({pbytes / 1e6:.1f} MB of parameters), '
+        f"DataParallel() (fused + overlap) alone and with dt.shard_optimizer(opt, "
+        f'ShardingStage1/2/3("dp")); {n} ranks; {len(st[PLAIN].times)} steps per variant',
+    )
+    rows = [
+        [k, ms(s.median), f"{s.spread:.0%}", f"{s.median / base:.2f}", *(ms(v) for v in ph[k])]
+        for k, s in st.items()
+    ]
+    headers = ["variant", "step ms", "IQR", "/ plain", *(f"{p} ms" for p in PHASES)]
+    say(format_table(headers, rows))
+    say(
+        "phases as in (b); 'finish' = dp_model.finish_gradients(): plain and stage 1 "
+        "all-reduce the gradients in DataParallel's buckets (with overlap: the wait); stages "
+        "2 and 3 reduce-scatter them inside opt.step, where stages 1 and 2 also all-gather "
+        "the updated parameters; stage 3 gathers the parameters in forward, module by module"
+    )
+    verdicts = []
+    for k in SHARDED:
+        if k == PLAIN:
+            continue
+        s = stage_of(k)
+        ratio = st[k].median / base
+        verdicts.append(
+            f"stage {s} {ratio:.2f}x (goal <= {GOAL_STAGE[s]:g}x: "
+            f"{'met' if ratio <= GOAL_STAGE[s] else 'NOT met'})"
+        )
+    say("step time / plain DataParallel: " + ", ".join(verdicts))
+
+    plain = mem[PLAIN]
+    p0, g0, o0 = plain[:3]
+    unit, mb = ("MB", 1e6) if p0 + g0 + o0 >= 1e6 else ("kB", 1e3)  # kB: --quick
+    rows, verdicts = [], []
+    for k, m in mem.items():
+        s = stage_of(k)
+        total = float(m[:3].sum())
+        ideal = (
+            (p0 / n if s >= 3 else p0) + (g0 / n if s >= 2 else g0) + (o0 / n if s >= 1 else o0)
+        ) / (p0 + g0 + o0)
+        ratio = total / (p0 + g0 + o0)
+        rows.append([
+            k, *(f"{v / mb:.2f}" for v in m[:3]), f"{total / mb:.2f}", f"{ratio:.2f}",
+            f"{ideal:.2f}", f"{m[3] / mb:.2f}", f"{m[4] / mb:.2f}", f"{m[5] / mb:.2f}",
+            f"{m[6] / mb:.2f}", f"{(m[6] - m[5]) / mb:.2f}", f"{m[6] / plain[6]:.2f}",
+        ])  # fmt: skip
+        if s:
+            ok = ratio <= ideal * (1 + MEM_TOL)
+            verdicts.append(
+                f"stage {s} {ratio:.2f} (ideal {ideal:.2f}{', 1/N' if s == 3 else ''}: "
+                f"{'met' if ok else 'NOT met'})"
+            )
+    say(
+        "",
+        f"(e) memory per rank, {unit} (max over ranks); model state = dt.memory_report after "
+        "opt.step(); traced = tracemalloc on a fresh copy since its construction",
+    )
+    headers = [
+        "variant", "params", "grads", "opt state", "model state", "/ plain", "ideal",
+        "after zero_grad", "DP buckets", "traced held", "step peak", "peak - held",
+        "peak / plain",
+    ]  # fmt: skip
+    say(format_table(headers, rows))
+    say(
+        "model state / plain DataParallel (goal: the split parts 1/N of plain's, stage 3 "
+        "about 1/N in all): " + ", ".join(verdicts),
+        "ideal: plain's parameters, gradients and optimizer state with the parts the stage "
+        f"splits divided by N = {n}; DP buckets: DataParallel's bucket buffers, kept between "
+        "steps, not counted by memory_report (stages 2 and 3 take the gradients out of them); "
+        "traced held: all the variant keeps between steps; step peak: the most it held during "
+        "one step (forward to zero_grad); peak - held: what the step allocated on top",
+    )
+
+
 # -- main ----------------------------------------------------------------------------------
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -568,11 +858,21 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--no-torch", action="store_true", help="leave the torch rows out")
     ap.add_argument("--quick", action="store_true", help="tiny sizes, a few calls (< 20 s)")
+    ap.add_argument(
+        "--only", default="a,b,c,e", metavar="TABLES",
+        help="comma list of the tables to run: a, b (with d), c, e (default: all)",
+    )  # fmt: skip
     ap.add_argument("--plant", default=None, help=argparse.SUPPRESS)  # a variant to get wrong
     args = ap.parse_args()
+    tables = {t.strip().replace("d", "b") for t in args.only.split(",") if t.strip()}
+    if not tables or not tables <= set("abce"):
+        ap.error(f"--only {args.only!r}: a comma list of a, b, c, d, e")
     global torch
+    torch_note = "torch not installed"
     if args.no_torch:
         torch = None
+    if "b" not in tables and torch is not None:  # the torch rows and their check are (b)'s
+        torch, torch_note = None, "torch not used"
     iters = None
     if args.quick:
         args.grads, args.grad_size, args.layers, args.width, args.batch = 100, 256, 4, 16, 16
@@ -601,7 +901,8 @@ def main() -> int:
         + (f" (OVERSUBSCRIBED: {n} ranks share {cores} cores)" if n > cores else "")
         + f", 1 thread per rank; {mpi_library()}, "
         f"mpi4py {sys.modules['mpi4py'].__version__}, numpy {np.__version__}, "
-        + (f"torch {torch.__version__}" if torch is not None else "torch not installed")
+        + (f"torch {torch.__version__}" if torch is not None else torch_note)
+        + ("" if tables == set("abce") else f"; tables {', '.join(sorted(tables))} only")
     )
     if n > cores:
         say(
@@ -612,204 +913,238 @@ def main() -> int:
 
     # -- agreement check ---------------------------------------------------------------
     try:
-        say(agreement_check(comm, args, one, mesh))
-        fns_a, befores_a, check_a, layout = fused_case(comm, mesh, args)
-        bad = [f for fs in comm.allgather(check_a()) for f in fs]
-        if bad:
-            raise CheckFailed("\n".join(f"  {f}" for f in bad))
+        if tables & {"b", "c"}:
+            say(agreement_check(comm, args, one, mesh))
+        if "a" in tables:
+            fns_a, befores_a, check_a, layout = fused_case(comm, mesh, args)
+            bad = [f for fs in comm.allgather(check_a()) for f in fs]
+            if bad:
+                raise CheckFailed("\n".join(f"  {f}" for f in bad))
+        if "e" in tables:
+            say(sharding_check(comm, args, mesh))
     except CheckFailed as e:
-        say("dp: agreement check FAILED (the benchmark is invalid):", str(e))
+        what = e.args[1] if len(e.args) > 1 else "agreement check"
+        say(f"dp: {what} FAILED (the benchmark is invalid):", e.args[0])
         return 1
 
-    # -- (a) -----------------------------------------------------------------------------
-    st = run_table(comm, fns_a, befores_a, args.budget, args.rounds, args.warmup, iters)
-    lay = layout()
-    sizes = " + ".join(f"{b['bytes'] / MiB:.2f} MiB" for b in lay["buckets"])
-    mb = args.grads * args.grad_size * 4 / MiB
-    say(
-        "",
-        f"(a) {args.grads} float32 gradients of {args.grad_size} elements ({mb:.2f} MiB), "
-        f"sum over {n} ranks; {len(st['raw fused'].times)} calls per variant",
-    )
-    rows = [
-        [k, ms(s.median), f"{s.median / args.grads * 1e6:.1f}", f"{s.spread:.0%}"]
-        for k, s in st.items()
-    ]
-    say(format_table(["variant", "ms (median)", "us per gradient", "IQR"], rows))
-    raw_x = st["raw one by one"].median / st["raw fused"].median
-    dt_x = st["dt one by one (dt.reshard)"].median / st["dt buckets, fused"].median
-    say(
-        f"dt fused = DataParallel's Reducer, default caps: {len(lay['buckets'])} buckets ({sizes})",
-        f"fused speed-up, raw mpi4py: {raw_x:.1f}x; dt (reshard one by one -> buckets): "
-        f"{dt_x:.1f}x (goal: fused >= {GOAL_FUSED:g}x faster than one by one: "
-        f"{'met' if dt_x >= GOAL_FUSED else 'NOT met'})",
-        f"dt fused / raw fused: {st['dt buckets, fused'].median / st['raw fused'].median:.2f}x; "
-        f"dt one by one / raw one by one: "
-        f"{st['dt one by one (dt.reshard)'].median / st['raw one by one'].median:.2f}x",
-    )
-    del fns_a, befores_a
-
-    # -- (b) -----------------------------------------------------------------------------
     rng = np.random.default_rng(0)
     f32 = np.float32
     x_np, t_np = rng.standard_normal((2, args.batch, args.width)).astype(f32)
     merge = rng.standard_normal((K, 2, args.batch, args.width)).astype(f32)
-    runs: dict[str, Any] = {}
-    fns: dict[str, Callable[[], Any]] = {}
-    idle_phases: dict[str, list] = {}
 
-    def on_rank0(name: str, r, micro) -> None:
-        if rank == 0:
-            runs[name] = r
-            fns[name] = lambda: r.step(micro)
+    # -- (a) -----------------------------------------------------------------------------
+    if "a" in tables:
+        st = run_table(comm, fns_a, befores_a, args.budget, args.rounds, args.warmup, iters)
+        lay = layout()
+        sizes = " + ".join(f"{b['bytes'] / MiB:.2f} MiB" for b in lay["buckets"])
+        mb = args.grads * args.grad_size * 4 / MiB
+        say(
+            "",
+            f"(a) {args.grads} float32 gradients of {args.grad_size} elements ({mb:.2f} MiB), "
+            f"sum over {n} ranks; {len(st['raw fused'].times)} calls per variant",
+        )
+        rows = [
+            [k, ms(s.median), f"{s.median / args.grads * 1e6:.1f}", f"{s.spread:.0%}"]
+            for k, s in st.items()
+        ]
+        say(format_table(["variant", "ms (median)", "us per gradient", "IQR"], rows))
+        raw_x = st["raw one by one"].median / st["raw fused"].median
+        dt_x = st["dt one by one (dt.reshard)"].median / st["dt buckets, fused"].median
+        say(
+            f"dt fused = DataParallel's Reducer, default caps: {len(lay['buckets'])} buckets "
+            f"({sizes})",
+            f"fused speed-up, raw mpi4py: {raw_x:.1f}x; dt (reshard one by one -> buckets): "
+            f"{dt_x:.1f}x (goal: fused >= {GOAL_FUSED:g}x faster than one by one: "
+            f"{'met' if dt_x >= GOAL_FUSED else 'NOT met'})",
+            f"dt fused / raw fused: "
+            f"{st['dt buckets, fused'].median / st['raw fused'].median:.2f}x; "
+            f"dt one by one / raw one by one: "
+            f"{st['dt one by one (dt.reshard)'].median / st['raw one by one'].median:.2f}x",
+        )
+        del fns_a, befores_a
+
+    # -- (b) -----------------------------------------------------------------------------
+    if "b" in tables:
+        runs: dict[str, Any] = {}
+        fns: dict[str, Callable[[], Any]] = {}
+        idle_phases: dict[str, list] = {}
+
+        def on_rank0(name: str, r, micro) -> None:
+            if rank == 0:
+                runs[name] = r
+                fns[name] = lambda: r.step(micro)
+            else:
+                idle_phases[name] = []
+                fns[name] = lambda: idle_phases[name].append((0.0,) * len(PHASES))
+
+        r1 = DtRun.make(one, args, f32, None, dp=False) if rank == 0 else None
+        init32 = comm.bcast(r1.params() if rank == 0 else None, root=0)
+        on_rank0("dt 1 process", r1, [tuple(r1.data([x_np, t_np]))] if rank == 0 else None)
+        if torch is not None:
+            tr = TorchRun.make(init32, f32, ddp=False) if rank == 0 else None
+            on_rank0("torch 1 process", tr, [(torch.from_numpy(x_np), torch.from_numpy(t_np))])
+        for name, wrap in DP_MODES.items():
+            r = runs[name] = DtRun.make(mesh, args, f32, wrap)
+            micro = [tuple(r.data([x_np, t_np]))]
+            fns[name] = lambda r=r, micro=micro: r.step(micro)
+        if torch is not None:
+            r = runs["torch DDP"] = TorchRun.make(init32, f32, ddp=True)
+            micro = [tuple(torch.from_numpy(local_rows(a, rank, n)) for a in (x_np, t_np))]
+            fns["torch DDP"] = lambda r=r, micro=micro: r.step(micro)
+
+        def phases_of(name: str) -> list:
+            return runs[name].phases if name in runs else idle_phases[name]
+
+        def phase_medians(names) -> dict[str, np.ndarray]:
+            out = {}
+            for k in names:  # the same calls on every rank, in the same order
+                a = np.array(phases_of(k), dtype=np.float64).reshape(-1, len(PHASES))
+                comm.Allreduce(MPI.IN_PLACE, a, op=MPI.MAX)
+                out[k] = np.median(a, axis=0)
+            return out
+
+        gentle = {k: (lambda: gentle_barrier(comm)) for k in fns}
+        resets = [phases_of(k) for k in fns]
+        st = run_table(comm, fns, gentle, args.budget, args.rounds, args.warmup, iters, resets)
+        ph = phase_medians(fns)
+        nparams = 2 * args.layers
+        pbytes = nparams // 2 * (args.width * args.width + args.width) * 4
+        say(
+            "",
+            f"(b) step time, MLP {args.layers} x (Linear({args.width}, {args.width}), Tanh), "
+            f"MSELoss, SGD lr {LR}, global batch {args.batch}, float32 ({nparams} parameter "
+            f"tensors, {pbytes / 1e6:.1f} MB); {len(st['dt 1 process'].times)} steps per variant",
+        )
+        rows = []
+        ddp = st.get("torch DDP")
+        for k, s in st.items():
+            ranks = "1" if "1 process" in k else str(n)
+            rows.append([
+                k, ranks, ms(s.median), f"{s.spread:.0%}", *(ms(v) for v in ph[k]),
+                "-" if ddp is None else f"{s.median / ddp.median:.2f}",
+            ])  # fmt: skip
+        if torch is None:
+            rows.insert(1, ["torch 1 process", "1", "torch not installed", *[""] * 7])
+            rows.append(["torch DDP", str(n), "torch not installed", *[""] * 7])
+        headers = ["variant", "ranks", "step ms", "IQR", *(f"{p} ms" for p in PHASES), "/ DDP"]
+        say(format_table(headers, rows))
+        say(
+            "phases: medians of each phase's per-step max over ranks (they need not add up to "
+            "the step's median); 'finish' = dp_model.finish_gradients() (DataParallel rows); "
+            "without the wrapper the all-reduces are inside opt.step; DDP's reductions are "
+            "inside its backward"
+        )
+        ovl = st["dt DP fused+overlap"].median
+        if ddp is not None:
+            ratio = ovl / ddp.median
+            say(
+                f"dt DP fused+overlap / torch DDP: {ratio:.2f} (goal: dt with fusion and overlap "
+                f"faster than DDP, ratio < 1: {'met' if ratio < 1 else 'NOT met'})",
+                f"dt 1 process / torch 1 process: "
+                f"{st['dt 1 process'].median / st['torch 1 process'].median:.2f}",
+            )
         else:
-            idle_phases[name] = []
-            fns[name] = lambda: idle_phases[name].append((0.0,) * len(PHASES))
-
-    r1 = DtRun.make(one, args, f32, None, dp=False) if rank == 0 else None
-    init32 = comm.bcast(r1.params() if rank == 0 else None, root=0)
-    on_rank0("dt 1 process", r1, [tuple(r1.data([x_np, t_np]))] if rank == 0 else None)
-    if torch is not None:
-        tr = TorchRun.make(init32, f32, ddp=False) if rank == 0 else None
-        on_rank0("torch 1 process", tr, [(torch.from_numpy(x_np), torch.from_numpy(t_np))])
-    for name, wrap in DP_MODES.items():
-        r = runs[name] = DtRun.make(mesh, args, f32, wrap)
-        micro = [tuple(r.data([x_np, t_np]))]
-        fns[name] = lambda r=r, micro=micro: r.step(micro)
-    if torch is not None:
-        r = runs["torch DDP"] = TorchRun.make(init32, f32, ddp=True)
-        micro = [tuple(torch.from_numpy(local_rows(a, rank, n)) for a in (x_np, t_np))]
-        fns["torch DDP"] = lambda r=r, micro=micro: r.step(micro)
-
-    def phases_of(name: str) -> list:
-        return runs[name].phases if name in runs else idle_phases[name]
-
-    def phase_medians(names) -> dict[str, np.ndarray]:
-        out = {}
-        for k in names:  # the same calls on every rank, in the same order
-            a = np.array(phases_of(k), dtype=np.float64).reshape(-1, len(PHASES))
-            comm.Allreduce(MPI.IN_PLACE, a, op=MPI.MAX)
-            out[k] = np.median(a, axis=0)
-        return out
-
-    gentle = {k: (lambda: gentle_barrier(comm)) for k in fns}
-    resets = [phases_of(k) for k in fns]
-    st = run_table(comm, fns, gentle, args.budget, args.rounds, args.warmup, iters, resets)
-    ph = phase_medians(fns)
-    nparams = 2 * args.layers
-    pbytes = nparams // 2 * (args.width * args.width + args.width) * 4
-    say(
-        "",
-        f"(b) step time, MLP {args.layers} x (Linear({args.width}, {args.width}), Tanh), "
-        f"MSELoss, SGD lr {LR}, global batch {args.batch}, float32 ({nparams} parameter "
-        f"tensors, {pbytes / 1e6:.1f} MB); {len(st['dt 1 process'].times)} steps per variant",
-    )
-    rows = []
-    ddp = st.get("torch DDP")
-    for k, s in st.items():
-        ranks = "1" if "1 process" in k else str(n)
-        rows.append([
-            k, ranks, ms(s.median), f"{s.spread:.0%}", *(ms(v) for v in ph[k]),
-            "-" if ddp is None else f"{s.median / ddp.median:.2f}",
-        ])  # fmt: skip
-    if torch is None:
-        rows.insert(1, ["torch 1 process", "1", "torch not installed", *[""] * 7])
-        rows.append(["torch DDP", str(n), "torch not installed", *[""] * 7])
-    headers = ["variant", "ranks", "step ms", "IQR", *(f"{p} ms" for p in PHASES), "/ DDP"]
-    say(format_table(headers, rows))
-    say(
-        "phases: medians of each phase's per-step max over ranks (they need not add up to "
-        "the step's median); 'finish' = dp_model.finish_gradients() (DataParallel rows); "
-        "without the wrapper the all-reduces are inside opt.step; DDP's reductions are "
-        "inside its backward"
-    )
-    ovl = st["dt DP fused+overlap"].median
-    if ddp is not None:
-        ratio = ovl / ddp.median
+            say("dt DP fused+overlap / torch DDP: torch not installed (goal: dt faster than DDP)")
         say(
-            f"dt DP fused+overlap / torch DDP: {ratio:.2f} (goal: dt with fusion and overlap "
-            f"faster than DDP, ratio < 1: {'met' if ratio < 1 else 'NOT met'})",
-            f"dt 1 process / torch 1 process: "
-            f"{st['dt 1 process'].median / st['torch 1 process'].median:.2f}",
+            f"speed-up over dt 1 process, {n} ranks: "
+            + ", ".join(f"{k} {st['dt 1 process'].median / st[k].median:.2f}x" for k in DP_MODES)
         )
-    else:
-        say("dt DP fused+overlap / torch DDP: torch not installed (goal: dt faster than DDP)")
-    say(
-        f"speed-up over dt 1 process, {n} ranks: "
-        + ", ".join(f"{k} {st['dt 1 process'].median / st[k].median:.2f}x" for k in DP_MODES)
-    )
-    if torch is not None:  # what the two transports cost for this model's gradients
-        import torch.distributed as tdist
+        if torch is not None:  # what the two transports cost for this model's gradients
+            import torch.distributed as tdist
 
-        grad_elems = pbytes // 4
-        buf, tbuf = np.zeros(grad_elems, f32), torch.zeros(grad_elems)  # sums stay 0
-        fns_t = {
-            "MPI": lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM),
-            "gloo": lambda: tdist.all_reduce(tbuf),
-        }
-        gentle_t = {k: (lambda: gentle_barrier(comm)) for k in fns_t}
-        st_t = run_table(comm, fns_t, gentle_t, args.budget / 4, args.rounds, args.warmup, iters)
-        say(
-            f"one all-reduce of all {pbytes / 1e6:.1f} MB of gradients, the transports alone: "
-            f"MPI Allreduce (dt) {ms(st_t['MPI'].median)} ms (IQR {st_t['MPI'].spread:.0%}), "
-            f"gloo all_reduce (DDP) {ms(st_t['gloo'].median)} ms "
-            f"(IQR {st_t['gloo'].spread:.0%})"
-        )
+            grad_elems = pbytes // 4
+            buf, tbuf = np.zeros(grad_elems, f32), torch.zeros(grad_elems)  # sums stay 0
+            fns_t = {
+                "MPI": lambda: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM),
+                "gloo": lambda: tdist.all_reduce(tbuf),
+            }
+            gentle_t = {k: (lambda: gentle_barrier(comm)) for k in fns_t}
+            st_t = run_table(
+                comm, fns_t, gentle_t, args.budget / 4, args.rounds, args.warmup, iters
+            )
+            say(
+                f"one all-reduce of all {pbytes / 1e6:.1f} MB of gradients, the transports alone: "
+                f"MPI Allreduce (dt) {ms(st_t['MPI'].median)} ms (IQR {st_t['MPI'].spread:.0%}), "
+                f"gloo all_reduce (DDP) {ms(st_t['gloo'].median)} ms "
+                f"(IQR {st_t['gloo'].spread:.0%})"
+            )
 
     # -- (d) -----------------------------------------------------------------------------
-    blocking = ph["dt DP fused"]
-    overlap = ph["dt DP fused+overlap"]
-    red, wait = blocking[2], overlap[2]
-    hidden = 1 - wait / red if red > 0 else float("nan")
-    net = (blocking[1] + blocking[2]) - (overlap[1] + overlap[2])
-    say(
-        "",
-        f"(d) overlap: reduce_blocking (finish_gradients, overlap off: pack + all-reduce + "
-        f"views) {ms(red)} ms; wait_overlap (finish_gradients, overlap on: wait + views) "
-        f"{ms(wait)} ms; hidden = 1 - wait_overlap / reduce_blocking = {hidden:.0%}",
-        f"    backward {ms(blocking[1])} ms (overlap off) vs {ms(overlap[1])} ms (overlap on: "
-        f"the pack copies, launches and MPI tests run in it); backward + finish saved by "
-        f"overlap: {ms(net)} ms per step",
-    )
+    if "b" in tables:
+        blocking = ph["dt DP fused"]
+        overlap = ph["dt DP fused+overlap"]
+        red, wait = blocking[2], overlap[2]
+        hidden = 1 - wait / red if red > 0 else float("nan")
+        net = (blocking[1] + blocking[2]) - (overlap[1] + overlap[2])
+        say(
+            "",
+            f"(d) overlap: reduce_blocking (finish_gradients, overlap off: pack + all-reduce + "
+            f"views) {ms(red)} ms; wait_overlap (finish_gradients, overlap on: wait + views) "
+            f"{ms(wait)} ms; hidden = 1 - wait_overlap / reduce_blocking = {hidden:.0%}",
+            f"    backward {ms(blocking[1])} ms (overlap off) vs {ms(overlap[1])} ms (overlap on: "
+            f"the pack copies, launches and MPI tests run in it); backward + finish saved by "
+            f"overlap: {ms(net)} ms per step",
+        )
 
     # -- (c) -----------------------------------------------------------------------------
-    k1 = runs["dt DP fused+overlap"]
-    rk = runs[f"k={K}"] = DtRun.make(mesh, args, f32, {"overlap": True}, k=K)
-    micro_k = [tuple(rk.data([m[0], m[1]])) for m in merge]
-    fns_c = {
-        "dt DP fused+overlap, k=1": fns["dt DP fused+overlap"],
-        f"dt DP fused+overlap, k={K}": lambda: rk.step(micro_k),
-    }
-    gentle_c = {k: (lambda: gentle_barrier(comm)) for k in fns_c}
-    st = run_table(
-        comm, fns_c, gentle_c, args.budget, args.rounds, args.warmup, iters, [k1.phases, rk.phases]
-    )
-    a = np.array(k1.phases).reshape(-1, len(PHASES))
-    b = np.array(rk.phases).reshape(-1, len(PHASES))
-    comm.Allreduce(MPI.IN_PLACE, a, op=MPI.MAX)
-    comm.Allreduce(MPI.IN_PLACE, b, op=MPI.MAX)
-    ph1, phk = np.median(a, axis=0), np.median(b, axis=0) / K
-    s1, sk = st["dt DP fused+overlap, k=1"], st[f"dt DP fused+overlap, k={K}"]
-    say(
-        "",
-        f"(c) gradient merge: DataParallel(k_steps={K}), a step = {K} micro-steps of batch "
-        f"{args.batch} + one reduction and opt.step; per micro-step; "
-        f"{len(s1.times)} steps per variant",
-    )
-    rows = [
-        ["k=1", ms(s1.median), f"{s1.spread:.0%}", *(ms(v) for v in ph1)],
-        [f"k={K}", ms(sk.median / K), f"{sk.spread:.0%}", *(ms(v) for v in phk)],
-    ]
-    say(
-        format_table(
-            ["DP fused+overlap", "micro-step ms", "IQR", *(f"{p} ms" for p in PHASES)], rows
+    if "c" in tables:
+        if "b" in tables:
+            k1 = runs["dt DP fused+overlap"]
+            fn_k1 = fns["dt DP fused+overlap"]
+        else:  # (c) alone: its own k=1 run
+            k1 = DtRun.make(mesh, args, f32, {"overlap": True})
+            micro_1 = [tuple(k1.data([x_np, t_np]))]
+
+            def fn_k1():
+                return k1.step(micro_1)
+
+        rk = DtRun.make(mesh, args, f32, {"overlap": True}, k=K)
+        micro_k = [tuple(rk.data([m[0], m[1]])) for m in merge]
+        fns_c = {
+            "dt DP fused+overlap, k=1": fn_k1,
+            f"dt DP fused+overlap, k={K}": lambda: rk.step(micro_k),
+        }
+        gentle_c = {k: (lambda: gentle_barrier(comm)) for k in fns_c}
+        st = run_table(
+            comm,
+            fns_c,
+            gentle_c,
+            args.budget,
+            args.rounds,
+            args.warmup,
+            iters,
+            [k1.phases, rk.phases],
         )
-    )
-    say(
-        f"phases per micro-step: for k={K} the step's forward and backward (the {K} passes), "
-        f"finish, opt.step and zero_grad, divided by {K}"
-    )
-    say(f"k={K} / k=1 per micro-step: {sk.median / K / s1.median:.2f}")
+        a = np.array(k1.phases).reshape(-1, len(PHASES))
+        b = np.array(rk.phases).reshape(-1, len(PHASES))
+        comm.Allreduce(MPI.IN_PLACE, a, op=MPI.MAX)
+        comm.Allreduce(MPI.IN_PLACE, b, op=MPI.MAX)
+        ph1, phk = np.median(a, axis=0), np.median(b, axis=0) / K
+        s1, sk = st["dt DP fused+overlap, k=1"], st[f"dt DP fused+overlap, k={K}"]
+        say(
+            "",
+            f"(c) gradient merge: DataParallel(k_steps={K}), a step = {K} micro-steps of batch "
+            f"{args.batch} + one reduction and opt.step; per micro-step; "
+            f"{len(s1.times)} steps per variant",
+        )
+        rows = [
+            ["k=1", ms(s1.median), f"{s1.spread:.0%}", *(ms(v) for v in ph1)],
+            [f"k={K}", ms(sk.median / K), f"{sk.spread:.0%}", *(ms(v) for v in phk)],
+        ]
+        say(
+            format_table(
+                ["DP fused+overlap", "micro-step ms", "IQR", *(f"{p} ms" for p in PHASES)], rows
+            )
+        )
+        say(
+            f"phases per micro-step: for k={K} the step's forward and backward (the {K} passes), "
+            f"finish, opt.step and zero_grad, divided by {K}"
+        )
+        say(f"k={K} / k=1 per micro-step: {sk.median / K / s1.median:.2f}")
+    # -- (e) -----------------------------------------------------------------------------
+    if "e" in tables:
+        sharding_table(comm, args, mesh, x_np, t_np, iters, say)
+
     say("", load_line(start, load_before))
     if torch is not None:
         import torch.distributed as tdist

@@ -32,6 +32,7 @@ from .autograd import _memo  # Note [One move per input]
 from .comm import _ctx as _comm_ctx
 from .comm.agree import doing, fixed_item
 from .explain import HOOKS as _explain
+from .mesh import different_meshes
 from .placement import Replicate
 from .spec import DistSpec
 from .spmd import TensorSpec, get_rule
@@ -438,6 +439,7 @@ def _normalize_and_decide(op: Op, args: tuple, attrs: dict, idkey: Any):
     array type), with arrays as Replicate DistTensors; plan None when no argument is a
     DistTensor. Host and device data in one call raise here (Note [Array backends])."""
     mesh = None
+    first = 0  # the position of the first DistTensor (for the message)
     pos: list[int] = []
     tensors: list[Any] = []
     arrays = False
@@ -446,11 +448,10 @@ def _normalize_and_decide(op: Op, args: tuple, attrs: dict, idkey: Any):
         if isinstance(a, DistTensor):
             m = a._spec.mesh
             if mesh is None:
-                mesh = m
+                mesh, first = m, i
             elif m is not mesh and m != mesh:
                 raise ValueError(
-                    f"{op.name}: operands live on different meshes ({mesh} and {m}); "
-                    "move one with dt.reshard(x, mesh, placements)"
+                    different_meshes(op.name, (f"operand {first}", mesh), (f"operand {i}", m))
                 )
             ta = type(a._local)
             if t is None:
@@ -643,9 +644,9 @@ def fallback(
 
     collect(args)
     collect(list(kwargs.values()))
-    meshes = {t.mesh for t in found}
-    if len(meshes) > 1:
-        raise ValueError(f"{name}: operands live on different meshes {sorted(map(repr, meshes))}")
+    other = next((t.mesh for t in found if t.mesh != found[0].mesh), None)
+    if other is not None:
+        raise ValueError(different_meshes(name, ("one operand", found[0].mesh), ("another", other)))
     if not found:
         return func(*args, **kwargs)
     be = _one_backend(name, found) if _DEVICE else backend.NUMPY

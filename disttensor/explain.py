@@ -33,6 +33,10 @@ Note [Explain hooks]
       which names the mesh dim.
     * Communication outside rules (``accounting``'s fallback observers) adds its reason to the
       open op entry, or to the entry of the call that just communicated on the same line.
+    * Why an op's inputs moved (``Entry.why``): for an op call whose plan moves an input, the
+      rule runs once more, on this thread, with the einsum core recording what it priced on
+      each mesh dim (Note [What a rule considered] in spmd/core.py). Only here: dispatch
+      never asks, so a program that does not explain prices no alternatives.
 
     The source line is the innermost frame outside disttensor, numpy and threading (as in
     ``comm.agree.user_line``); the simulated session (``dt.simulated``) gives the prompt's
@@ -56,7 +60,7 @@ from . import accounting, comm
 from .comm import agree
 from .debug import CommCounter
 
-__all__ = ["Collective", "Entry", "Move", "Report", "explain"]
+__all__ = ["Choice", "Collective", "Entry", "Move", "Report", "explain"]
 
 _COMMUNICATING = frozenset({"all_gather", "all_reduce", "reduce_scatter", "all_to_all"})
 
@@ -125,6 +129,44 @@ class Move:
 
 
 @dataclass
+class Choice:
+    """Why an op's rule required the placements it did on one mesh dim (``dim``, its name;
+    ``mesh_dim``, its index) where an input moved: ``reason``, one line, and where the
+    einsum core priced ways to run the op there (Note [What a rule considered] in
+    spmd/core.py), ``current`` (the inputs' placements it started from), ``candidates``
+    (``disttensor.spmd.core.Candidate``: per input and output a placement, the price and the
+    moves it is priced as) and ``chosen``, the index of the one it took; ``candidates`` is
+    empty where the rule prices no alternatives on that mesh dim."""
+
+    dim: str
+    mesh_dim: int
+    reason: str
+    current: tuple = ()
+    candidates: list[Any] = field(default_factory=list)
+    chosen: int | None = None
+
+    @property
+    def taken(self) -> Any:
+        """The candidate the rule took (None where it priced none)."""
+        return self.candidates[self.chosen] if self.chosen is not None else None
+
+    @property
+    def rejected(self) -> list[Any]:
+        """The other candidates (each placement once), cheapest first (in the order the rule
+        tried them on a tie)."""
+        taken = self.taken
+        if taken is None:
+            return []
+        seen = {(taken.inputs, taken.output)}
+        others = []
+        for c in self.candidates:
+            if (c.inputs, c.output) not in seen:
+                seen.add((c.inputs, c.output))
+                others.append(c)
+        return sorted(others, key=lambda c: c.cost)
+
+
+@dataclass
 class Entry:
     """One op call on dispatch's general path (``op`` True), or one call outside dispatch
     that communicated: what it was, where (``file``, ``line``, ``source``), the rule (None for
@@ -132,7 +174,8 @@ class Entry:
     outside rules (``fallbacks``: (op, reason) pairs), and for ops, the inputs (argument
     position, DistSpec it had, DistSpec the rule required, and the position of the first
     argument that is the same tensor moved the same way: Note [One move per input] in
-    dispatch.py) and output DistSpecs."""
+    dispatch.py) and output DistSpecs; ``why``: for an op whose inputs moved, a Choice per
+    mesh dim where one did (Note [Explain hooks])."""
 
     what: str
     op: bool
@@ -146,6 +189,7 @@ class Entry:
     moves: list[Move] = field(default_factory=list)
     collectives: list[Collective] = field(default_factory=list)  # those outside a reshard
     checks: int = 0
+    why: list[Choice] = field(default_factory=list)
 
     @property
     def source(self) -> str:
@@ -245,6 +289,11 @@ class Report:
         seen: dict[tuple, int] = {}  # Note [One move per input]: a tensor twice moves once
         for i, t, target in zip(pos, tensors, targets):
             e.inputs.append((i, t._spec, target, seen.setdefault((id(t), target), i)))
+        if rule is not None and plan[3] is not None:  # an input moves: ask the rule why
+            try:
+                e.why = _why(op, tuple(pos), len(args), attrs, [t._spec for t in tensors], targets)
+            except Exception:  # explaining must never break the program
+                e.why = []
         self.entries.append(e)
         self._open.append(e)
         self._last = None
@@ -542,6 +591,110 @@ def _grouped(cs: list[Collective]) -> str:
     return ", ".join(parts)
 
 
+def _why(op: Any, pos: tuple, nargs: int, attrs: dict, specs: list, targets: tuple) -> list[Choice]:
+    """Per mesh dim where an input moves, why (Note [Explain hooks]): the rule run again on
+    the inputs as dispatch's ``_decide`` hands them to it, recording what it priced."""
+    from .spmd import core
+
+    # as _decide: a bool Partial (a logical or/and, not a sum) is reduced before the rule sees
+    # it, except by ops that only move elements
+    firsts = [
+        s.without_partials() if s.dtype == np.bool_ and s.has_partial() and not op.moves_only else s
+        for s in specs
+    ]
+    mesh = specs[0].mesh
+    try:
+        _, log = core.considered(
+            core.get_rule(op.rule),
+            [core.TensorSpec(s.shape, s.placements, s.dtype) for s in firsts],
+            mesh.shape,
+            pos=pos,
+            nargs=nargs,
+            **attrs,
+        )
+    except Exception:  # the call decided without error; explaining must not raise
+        log = []
+    choices = []
+    for m, name in enumerate(mesh.dim_names):
+        had = tuple(s.placements[m] for s in specs)
+        cur = tuple(s.placements[m] for s in firsts)
+        need = tuple(t.placements[m] for t in targets)
+        if had == need:
+            continue
+        reasons = [
+            f"in {pos[j]} is a bool Partial, reduced first (a logical or/and, not a sum)"
+            for j, (a, b) in enumerate(zip(had, cur))
+            if a != b
+        ]
+        found = next(  # the last decision of this mesh dim that is the rule's answer
+            (
+                c
+                for c in reversed(log)
+                if c.mesh_dim == m and c.current == cur and c.candidates[c.chosen].inputs == need
+            ),
+            None,
+        )
+        if found is not None and found.candidates[found.chosen].cost > 0:
+            choice = Choice(name, m, "", cur, list(found.candidates), found.chosen)
+            rejected = choice.rejected
+            tie = bool(rejected) and rejected[0].cost == choice.taken.cost
+            reasons.append(
+                f"{op.name}'s rule has no way to run on {_inputs_text(pos, cur)} as they are; "
+                f"it took the cheapest{' (the first of equals)' if tie else ''} of the "
+                f"{len(rejected) + 1} it priced ({_bytes(core.LATENCY)} a collective + the "
+                "bytes a rank sends)"
+            )
+            choice.reason = "; ".join(reasons)
+            choices.append(choice)
+            continue
+        if cur != need:
+            reasons.append(
+                f"rule {op.rule} requires {_inputs_text(pos, need)} here (it prices no "
+                "alternatives on this mesh dim)"
+            )
+        choices.append(Choice(name, m, "; ".join(reasons), cur))
+    return choices
+
+
+def _inputs_text(pos: tuple, placements: tuple) -> str:
+    return ", ".join(f"in {i} {_pl(p)}" for i, p in zip(pos, placements))
+
+
+def _bytes(n: float) -> str:
+    """``131,096 bytes``: exact, so that close prices compare (a fraction where a priced
+    all-to-all has one)."""
+    return f"{n:,.0f} bytes" if n == int(n) else f"{n:,.1f} bytes"
+
+
+_SHOWN_REJECTED = 3  # rejected candidates listed per mesh dim, cheapest first
+
+
+def _choice_lines(e: Entry, c: Choice) -> list[str]:
+    pos = tuple(i for i, *_ in e.inputs)
+    lines = [f"    why over {c.dim}: {c.reason}"]
+    if c.taken is None:
+        return lines
+    mesh = e.inputs[0][1].mesh
+
+    def text(word: str, cand: Any) -> str:
+        moves = []
+        for j, kind, wire, nested in cand.moves:
+            over = f" over {mesh.dim_names[nested]} first" if nested is not None else ""
+            moves.append(
+                f"in {pos[j]} {kind}{over}" + (f" {_bytes(wire)}" if kind != "local" else "")
+            )
+        label = f"{_inputs_text(pos, cand.inputs)} -> out {_pl(cand.output)}"
+        return f"      {word:<8} {label}: {_bytes(cand.cost)} ({', '.join(moves)})"
+
+    lines.append(text("chose", c.taken))
+    rejected = c.rejected
+    lines += [text("rejected", r) for r in rejected[:_SHOWN_REJECTED]]
+    rest = rejected[_SHOWN_REJECTED:]
+    if rest:
+        lines.append(f"      rejected {len(rest)} more, {_bytes(rest[0].cost)} or more")
+    return lines
+
+
 def _spec_text(spec: Any) -> str:
     return f"{spec.shape} {spec.dtype} {placements_text(spec.placements)}"
 
@@ -582,6 +735,9 @@ def _entry_lines(e: Entry) -> list[str]:
         lines.append(f"    {_grouped(e.collectives)}")
     for spec in e.outputs:
         lines.append(f"    out: {_spec_text(spec)}")
+    if e.moves or e.collectives:  # it communicated: why its inputs moved
+        for c in e.why:
+            lines += _choice_lines(e, c)
     out: list[str] = []  # equal neighbouring lines once, counted
     times = []
     for line in lines:

@@ -166,6 +166,62 @@ class ProcessMesh:
         return self.get_submesh(dim)
 
 
+# Note [Mesh identity]
+#     A mesh is its ranks, its shape and its dim names: two meshes that differ only in their
+#     names are two meshes (placements are positional, but ``dim=`` arguments, plans and
+#     messages name the dims, so re-labelling silently could swap what "dp" and "mp" mean).
+#     Ops refuse operands on two such meshes, and their message says that only the names
+#     differ and how to put both on one mesh: build them with ``mesh=``, or re-label one
+#     with ``dt.reshard(x, mesh, x.placements)`` (every rank keeps its shard; nothing is
+#     sent unless ``x`` is Partial). ``dt.DataParallel`` re-labels the model's parameters
+#     that live on such a mesh itself (they were built on the default mesh, typically),
+#     when no name stands for another dim in the other mesh.
+def same_grid(a: ProcessMesh, b: ProcessMesh) -> bool:
+    """Whether ``a`` and ``b`` hold the same ranks in the same grid, whatever their dim
+    names (Note [Mesh identity]).
+
+    >>> same_grid(ProcessMesh([0, 1]), ProcessMesh([0, 1], dim_names=["dp"]))
+    True
+    >>> same_grid(ProcessMesh([0, 1]), ProcessMesh([[0, 1]]))
+    False
+    """
+    return a is b or (a.shape == b.shape and a._flat == b._flat)
+
+
+def names_clash(a: ProcessMesh, b: ProcessMesh) -> list[str]:
+    """The dim names that ``a`` and ``b`` both use for different mesh dims (``["dp", "mp"]``
+    for dims ``["dp", "mp"]`` and ``["mp", "dp"]``): re-labelling one mesh as the other
+    would change what such a name means."""
+    return [n for i, n in enumerate(a._dim_names) if n in b._dim_names and b.dim_index(n) != i]
+
+
+def names_differ(a: ProcessMesh, b: ProcessMesh) -> str:
+    """For an error about ``a`` and ``b`` being different meshes: when they hold the same
+    ranks in the same grid, the clause saying that only their dim names differ; else ""."""
+    if a == b or not same_grid(a, b):
+        return ""
+    return (
+        f"the two meshes hold the same ranks {a.process_ids} in the same shape {a.shape} and "
+        f"differ only in their dim names ({a.dim_names} vs {b.dim_names}); the names are part "
+        "of a mesh (placements and dim= refer to them), so these are two meshes"
+    )
+
+
+def different_meshes(op: str, a: tuple[str, ProcessMesh], b: tuple[str, ProcessMesh]) -> str:
+    """The message of ``op`` refusing operands on two meshes: ``a`` and ``b`` are (which
+    operand, its mesh); it says where each lives and how to put both on one mesh."""
+    (wa, ma), (wb, mb) = a, b
+    head = f"{op}: operands live on different meshes: {wa} on {ma}, {wb} on {mb}; "
+    clause = names_differ(ma, mb)
+    if clause:
+        return (
+            f"{head}{clause}: build both on one mesh (mesh=...), or re-label one with "
+            "dt.reshard(x, mesh, x.placements) (each rank keeps its shard; nothing is sent "
+            "unless x is Partial)"
+        )
+    return f"{head}move one with dt.reshard(x, mesh, placements)"
+
+
 def init_mesh(
     shape: int | Sequence[int],
     dim_names: Sequence[str] | None = None,

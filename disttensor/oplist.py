@@ -3,11 +3,14 @@
     python -m disttensor.oplist > docs/ops.md
 
 For every op that ``dt`` exports: whether it has an SPMD rule of its own
-(``dt.spmd.registered_ops()``) and a gradient (``autograd.GRADIENTS`` and
-``autograd.NOT_DIFFERENTIABLE`` for ops with a rule; ops without one are tried on two
-simulated ranks, since their gradient is that of the ops they are made of); the ops with
-rules that dt uses inside; then, for the installed numpy, which numpy functions and ufuncs
-run a dt implementation on DistTensors and which take the counted replicate fallback.
+(``dt.spmd.registered_ops()``) and a gradient, found by calling the op on two simulated ranks
+and going backward through it: an op named like a rule need not run that rule's op (one made
+of other dt ops, or fused with a composite route where a mesh dim splits a reduced axis), so
+its gradient is that of what it runs, not the registry's entry for its name
+(``autograd.GRADIENTS``, ``autograd.NOT_DIFFERENTIABLE``); tests/test_op_gradients.py checks
+the column on other placements and against the registry. Then the ops with rules that dt uses
+inside; then, for the installed numpy, which numpy functions and ufuncs run a dt
+implementation on DistTensors and which take the counted replicate fallback.
 tests/test_docs.py regenerates the text and fails when docs/ops.md differs.
 
 >>> from disttensor.oplist import gradient_of
@@ -25,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from . import autograd, spmd
 from . import ops as _ops
+from . import spmd
 from .ops import numpy_interop as _interop
 
 COMMAND = "python -m disttensor.oplist > docs/ops.md"
@@ -46,10 +49,21 @@ FAMILIES = {  # module of the op's function -> section title, in reading order
     "decompositions": "Decompositions",
 }
 
-# How to call an op without a rule for the gradient probe, where ``op(x)`` is not a call it
-# takes (x: a symmetric float64 4 x 4 DistTensor whose rows are split over two ranks).
+# How to call an op for the gradient probe, where ``op(x)`` is not a call it takes or not one
+# that carries a gradient (x: a symmetric float64 4 x 4 DistTensor whose rows are split over
+# two ranks; where(x) alone is nonzero(x), an integer result).
 _PROBES: dict[str, Callable[[Any, Any], Any]] = {
+    "astype": lambda dt, x: dt.astype(x, np.float32),
+    "broadcast_to": lambda dt, x: dt.broadcast_to(x, (2, 4, 4)),
+    "clip": lambda dt, x: dt.clip(x, -0.5, 0.5),
+    "cross_entropy": lambda dt, x: dt.cross_entropy(x, dt.argmax(x, axis=1)),
+    "einsum": lambda dt, x: dt.einsum("ij,jk->ik", x, x),
+    "embedding": lambda dt, x: dt.embedding(dt.argmax(x, axis=1), x),
+    "reshape": lambda dt, x: dt.reshape(x, (2, 8)),
     "searchsorted": lambda dt, x: dt.searchsorted(dt.sort(dt.ravel(x)), x),
+    "swapaxes": lambda dt, x: dt.swapaxes(x, 0, 1),
+    "take_along_axis": lambda dt, x: dt.take_along_axis(x, dt.argsort(x, axis=1), axis=1),
+    "where": lambda dt, x: dt.where(dt.greater(x, 0.0), x, 0.0),
 }
 # the calls tried in turn for every other op
 _TRIES: tuple[Callable[[Callable, Any], Any], ...] = (
@@ -58,6 +72,14 @@ _TRIES: tuple[Callable[[Callable, Any], Any], ...] = (
     lambda op, x: op(x, 1),
     lambda op, x: op(x, x),
 )
+
+
+def calls(name: str) -> list[Callable[[Any, Any], Any]]:
+    """The calls ``call(dt, x)`` of op ``name`` the gradient probe tries in turn (x: a float
+    DistTensor of shape (4, 4)); the first that runs decides."""
+    if name in _PROBES:
+        return [_PROBES[name]]
+    return [lambda dt_, x, t=t: t(getattr(dt_, name), x) for t in _TRIES]
 
 
 def exported_ops() -> list[str]:
@@ -78,13 +100,10 @@ def _family_rank(name: str) -> int:
 
 
 def gradient_of(name: str) -> str:
-    """ "yes", "no" (backward refuses) or "constant" (integer, bool or piecewise-constant
-    results: no gradient flows) for op ``name``; from the gradient registry for ops with a
-    rule, tried on two simulated ranks for the others."""
-    if name in autograd.NOT_DIFFERENTIABLE:
-        return "constant"
-    if name in spmd.registered_ops():
-        return "yes" if name in autograd.GRADIENTS else "no"
+    """ "yes" (``backward()`` goes through it), "no" (backward refuses with a
+    NotImplementedError) or "constant" (integer, bool or piecewise-constant results: no
+    gradient flows) for op ``name``: what backward does through a call of it on two simulated
+    ranks."""
     return _probed()[name]
 
 
@@ -92,7 +111,7 @@ def gradient_of(name: str) -> str:
 def _probed() -> dict[str, str]:
     import disttensor as dt
 
-    names = [n for n in exported_ops() if n not in spmd.registered_ops()]
+    names = exported_ops()
     return dict(zip(names, dt.simulate(2, _probe_all, names)[0]))
 
 
@@ -106,13 +125,12 @@ def _probe(name: str) -> str:
     rng = np.random.default_rng(0)
     a = rng.standard_normal((4, 4))
     mesh = dt.ProcessMesh([0, 1])
-    calls = [_PROBES[name]] if name in _PROBES else [lambda dt_, x, t=t: t(getattr(dt_, name), x)
-                                                     for t in _TRIES]  # fmt: skip
     errors = []
-    for call in calls:
+    for call in calls(name):
         x = dt.shard_tensor(a + a.T, mesh, [dt.Shard(0)], requires_grad=True)
         try:
-            out = call(dt, x)
+            with np.errstate(all="ignore"):  # log of a negative entry: NaN, and no matter
+                out = call(dt, x)
         except Exception as e:  # not a call this op takes: try the next
             errors.append(f"{type(e).__name__}: {e}")
             continue

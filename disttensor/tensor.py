@@ -30,7 +30,7 @@ from .accounting import outside_rules
 from .comm import agree
 from .comm.agree import doing
 from .comm.base import reduce_arrays
-from .mesh import ProcessMesh
+from .mesh import ProcessMesh, names_differ
 from .placement import Partial, Placement, Replicate
 from .spec import DistSpec, contiguous
 
@@ -762,10 +762,13 @@ def _check_assigned_grad(t: DistTensor, g: Any) -> None:
     if gs.dtype != spec.dtype:
         raise TypeError(f"assigned grad has dtype {gs.dtype}, but the tensor has {spec.dtype}")
     if gs.mesh != spec.mesh:
-        raise ValueError(
-            f"assigned grad lives on {gs.mesh}, but the tensor on {spec.mesh}; "
-            "dt.reshard it to the tensor's mesh first"
+        clause = names_differ(gs.mesh, spec.mesh)
+        fix = (
+            f"{clause}: re-label the grad with dt.reshard(g, x.mesh, g.placements)"
+            if clause
+            else "dt.reshard it to the tensor's mesh first"
         )
+        raise ValueError(f"assigned grad lives on {gs.mesh}, but the tensor on {spec.mesh}; {fix}")
     if type(g._local) is not type(t._local) and backend.of(g._local) is not backend.of(t._local):
         raise backend.mixed("assigned grad", backend.of(g._local), backend.of(t._local))
 

@@ -1,4 +1,5 @@
-"""bench/dp.py --quick under mpiexec: its float64 agreement check runs and can fail.
+"""bench/dp.py --quick under mpiexec: its float64 agreement check and the float32 sharding
+check of table (e) run and can fail.
 
 No timing is asserted. torch is optional: with it the check covers torch on one process and
 DDP too; ``--no-torch`` runs the path of a machine without it either way.
@@ -30,6 +31,36 @@ def test_dp_benchmark_runs(extra):
         assert line in out, out
     if extra:
         assert "torch not installed" in out, out
+    assert_sharding_table(out)
+
+
+SHARDED = ("DP (plain)", "DP + ShardingStage1", "DP + ShardingStage2", "DP + ShardingStage3")
+
+
+def assert_sharding_table(out: str) -> None:
+    """Table (e): its check passed, each variant has a row in the time table and in the
+    memory table, and the model state of every stage is its ideal share of plain's."""
+    lines = out.splitlines()
+    check = [line for line in lines if line.startswith("sharding check")]
+    assert check and "(float32, 3 AdamW steps" in check[0], out
+    assert "agree with plain DataParallel" in check[0], out
+    assert "(e) sharded data parallelism" in out and "(e) memory per rank" in out, out
+    for variant in SHARDED:
+        rows = [line for line in lines if line.startswith(variant + " ")]
+        assert len(rows) == 2, (variant, out)  # the time row, the memory row
+    times = [line for line in lines if line.startswith("step time / plain DataParallel")]
+    assert times and all(f"stage {s} " in times[0] for s in (1, 2, 3)), out
+    memory = [line for line in lines if line.startswith("model state / plain DataParallel")]
+    assert memory and memory[0].count(": met)") == 3 and "NOT met" not in memory[0], out
+
+
+def test_dp_benchmark_only_sharding():
+    """``--only e`` runs the sharding check and table (e) alone; on 4 ranks, where the
+    reduce-scatter may sum in another order than the all-reduce (within the tolerance)."""
+    code, out = run(4, ["bench/dp.py", "--quick", "--only", "e"], timeout=120)
+    assert code == 0, out
+    assert "agreement check" not in out and "(b) step time" not in out, out
+    assert_sharding_table(out)
 
 
 def test_dp_benchmark_check_fails_on_a_wrong_variant():
@@ -41,3 +72,16 @@ def test_dp_benchmark_check_fails_on_a_wrong_variant():
     assert code != 0, out
     assert "agreement check FAILED" in out and "dt DP fused:" in out, out
     assert "(b) step time" not in out, out
+
+
+def test_dp_benchmark_sharding_check_fails_on_a_wrong_stage():
+    """A learning rate off by 1 % in one sharded variant must fail the sharding check: exit
+    non-zero, say what differed, and time nothing."""
+    code, out = run(
+        2,
+        ["bench/dp.py", "--quick", "--only", "e", "--plant", "DP + ShardingStage2"],
+        timeout=120,
+    )
+    assert code != 0, out
+    assert "sharding check FAILED" in out and "DP + ShardingStage2:" in out, out
+    assert "(e) sharded" not in out, out

@@ -1,9 +1,12 @@
 """dt.explain: every collective attributed to an entry, the counts equal dt.CommCounter's, the
-source lines are the user's statements, fallbacks say why, and one report word for word."""
+source lines are the user's statements, fallbacks say why, an op's moved inputs say why (the
+rule's priced alternatives), and one report word for word."""
 
 from __future__ import annotations
 
 import inspect
+import itertools
+import math
 import sys
 from collections import Counter
 from pathlib import Path
@@ -15,6 +18,7 @@ import disttensor as dt
 from disttensor.accounting import NO_RULE
 from disttensor.dispatch import Op
 from disttensor.explain import HOOKS, _local
+from disttensor.spmd import TensorSpec, core, get_rule
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "demos"))  # the demos' models
@@ -99,6 +103,19 @@ def check_step(reports, model_cls):
         allowed = {(str(HERE), n) for n in [*lines.values(), *losses]} | {(file, n) for n in fwd}
         for e in report.entries:
             assert (e.file, e.line) in allowed, (e.what, e.where, e.source)
+            if e.op and e.rule is not None:  # a Choice per mesh dim where an input moved
+                needs = [need.placements for _, _, need, _ in e.inputs]
+                moved = [
+                    m
+                    for m in range(2)
+                    if any(h.placements[m] != n[m] for (_, h, *_), n in zip(e.inputs, needs))
+                ]
+                assert [c.mesh_dim for c in e.why] == moved, e
+                for c in e.why:
+                    assert c.reason
+                    if c.taken is not None:  # the rule's answer, the cheapest it priced
+                        assert c.taken.inputs == tuple(n[c.mesh_dim] for n in needs)
+                        assert all(r.cost >= c.taken.cost for r in c.rejected)
         by_line: dict[int, list] = {}
         for e in report.entries:
             if e.file == str(HERE):
@@ -219,6 +236,10 @@ GOLDEN = """\
     in 0: (4, 3) float64 [S(0), S(1)]
     in 1: (3,) float64 [P(sum), S(0)] -> [R, S(0)]: all_reduce over dp 16 bytes
     out: (4, 3) float64 [S(0), S(1)]
+    why over dp: add's rule has no way to run on in 0 S(0), in 1 P(sum) as they are; it took the cheapest of the 3 it priced (131,072 bytes a collective + the bytes a rank sends)
+      chose    in 0 S(0), in 1 R -> out S(0): 131,084 bytes (in 1 all_reduce 12 bytes)
+      rejected in 0 R, in 1 R -> out R: 262,180 bytes (in 0 all_gather 24 bytes, in 1 all_reduce 12 bytes)
+      rejected in 0 S(1), in 1 S(0) -> out S(1): 524,372 bytes (in 0 all_gather over mp first 48 bytes, in 0 all_to_all 12 bytes, in 1 all_gather over mp first 12 bytes, in 1 all_reduce 12 bytes)
 {path}:{c}  g = dt.reshard(h, mesh, [dt.Replicate(), dt.Replicate()])  # golden: gather
   reshard
     reshard (4, 3) float64 [S(0), S(1)] -> [R, R]: all_gather over dp 32 bytes, all_gather over mp 64 bytes
@@ -266,3 +287,192 @@ def test_golden_report(monkeypatch):
         shown = "\n".join(x for x in text.splitlines() if not x.startswith("not listed: "))
         assert shown == want, text
         assert everything.startswith(matmul + "\n"), everything
+
+
+# -- why an op's inputs moved ------------------------------------------------------------------
+S0, S1, R, PSUM = dt.Shard(0), dt.Shard(1), dt.Replicate(), dt.Partial("sum")
+LATENCY = core.LATENCY
+
+
+def one_op(fn, *values_and_placements):
+    """fn on DistTensors of a 2-rank mesh "x", explained on rank 0: (the op entry, the text)."""
+
+    def f():
+        mesh = dt.ProcessMesh([0, 1], dim_names=["x"])
+        ts = [dt.shard_tensor(v, mesh, [p]) for v, p in values_and_placements]
+        return dt.explain(fn, *ts)
+
+    report = dt.simulate(2, f)[0]
+    (e,) = [e for e in report.entries if e.shown]
+    return e, str(report)
+
+
+def test_why_matmul():
+    """x [S(0)] @ w [S(0)] (the contraction split in w): the rule gathers w (128 bytes, half
+    on the wire) rather than move x to S(1) to keep the contraction split (an all-to-all of
+    x's 512 bytes and a Partial out); the report gives both with their prices."""
+    x, w = np.arange(64.0).reshape(16, 4), np.ones((4, 4))
+    e, text = one_op(lambda a, b: a @ b, (x, S0), (w, S0))
+    assert e.what == "matmul" and [need.placements for _, _, need, _ in e.inputs] == [(S0,), (R,)]
+    (why,) = e.why
+    assert why.dim == "x" and why.mesh_dim == 0 and why.current == (S0, S0)
+    assert "matmul's rule has no way to run on in 0 S(0), in 1 S(0) as they are" in why.reason
+    assert "it took the cheapest of the 4 it priced" in why.reason
+    taken = why.taken
+    assert (taken.inputs, taken.output) == ((S0, R), S0)
+    assert taken.cost == LATENCY + 64 and taken.moves == ((1, "all_gather", 64.0, None),)
+    keep_split = next(c for c in why.rejected if c.output == PSUM)
+    assert keep_split.inputs == (S1, S0) and keep_split.cost == LATENCY + 128
+    assert keep_split.moves == ((0, "all_to_all", 128.0, None),)
+    assert all(c.cost > taken.cost for c in why.rejected)
+    assert [c.cost for c in why.rejected] == sorted(c.cost for c in why.rejected)
+    assert (
+        "    in 1: (4, 4) float64 [S(0)] -> [R]: all_gather over x 64 bytes\n"
+        "    out: (16, 4) float64 [S(0)]\n"
+        "    why over x: matmul's rule has no way to run on in 0 S(0), in 1 S(0) as they are; "
+        "it took the cheapest of the 4 it priced (131,072 bytes a collective + the bytes a "
+        "rank sends)\n"
+        "      chose    in 0 S(0), in 1 R -> out S(0): 131,136 bytes (in 1 all_gather 64 bytes)\n"
+        "      rejected in 0 S(1), in 1 S(0) -> out P(sum): 131,200 bytes "
+        "(in 0 all_to_all 128 bytes)\n"
+    ) in text, text
+
+
+def test_why_elementwise():
+    """a [S(0)] + b [S(1)]: the inputs disagree, so one moves. Splitting rows or columns
+    costs the same all-to-all (a tie: the rule takes the first, rows); replicating both costs
+    two all-gathers."""
+    a = np.arange(16.0).reshape(4, 4)
+    e, text = one_op(lambda x, y: x + y, (a, S0), (a.T.copy(), S1))
+    (why,) = e.why
+    assert "add's rule has no way to run on in 0 S(0), in 1 S(1) as they are" in why.reason
+    assert "it took the cheapest (the first of equals) of the 3 it priced" in why.reason
+    assert (why.taken.inputs, why.taken.output) == ((S0, S0), S0)
+    assert why.taken.cost == LATENCY + 32 and why.taken.moves == ((1, "all_to_all", 32.0, None),)
+    tie, both = why.rejected
+    assert (tie.inputs, tie.output, tie.cost) == ((S1, S1), S1, why.taken.cost)
+    assert tie.moves == ((0, "all_to_all", 32.0, None),)
+    assert (both.inputs, both.cost) == ((R, R), 2 * LATENCY + 128)
+    assert (
+        "      chose    in 0 S(0), in 1 S(0) -> out S(0): 131,104 bytes "
+        "(in 1 all_to_all 32 bytes)\n"
+        "      rejected in 0 S(1), in 1 S(1) -> out S(1): 131,104 bytes "
+        "(in 0 all_to_all 32 bytes)\n"
+        "      rejected in 0 R, in 1 R -> out R: 262,272 bytes "
+        "(in 0 all_gather 64 bytes, in 1 all_gather 64 bytes)\n"
+    ) in text, text
+
+
+def test_why_without_priced_alternatives():
+    """A rule that prices nothing on a mesh dim (reshape) and a bool Partial reduced before
+    the rule sees it (dispatch's _decide) say so."""
+
+    def f():
+        mesh = dt.ProcessMesh([0, 1], dim_names=["x"])
+        a = dt.shard_tensor(np.arange(16.0).reshape(4, 4), mesh, [S1])
+        m = dt.shard_tensor(np.ones((4, 4), bool), mesh, [S0]).any(axis=0)  # Partial(max)
+        b = dt.shard_tensor(np.ones(4, bool), mesh, [R])
+        with dt.explain() as report:
+            a.reshape(16)
+            np.logical_and(m, b)
+        return report
+
+    report = dt.simulate(2, f)[0]
+    reshape, logical_and = (e for e in report.entries if e.shown)
+    (why,) = reshape.why
+    assert (
+        why.reason
+        == "rule reshape requires in 0 R here (it prices no alternatives on this mesh dim)"
+    )
+    assert why.taken is None and why.rejected == []
+    (why,) = logical_and.why
+    assert why.reason == "in 0 is a bool Partial, reduced first (a logical or/and, not a sum)"
+    assert "    why over x: rule reshape requires in 0 R here" in str(report)
+
+
+def test_alternatives_only_inside_explain(monkeypatch):
+    """Note [Explain hooks]: without dt.explain no rule runs again and the einsum core prices
+    no alternatives (its recorder stays off); inside, the op that moves asks once."""
+    asked, priced = [], []
+    considered, record = core.considered, core._considered
+    monkeypatch.setattr(core, "considered", lambda *a, **k: asked.append(1) or considered(*a, **k))
+    monkeypatch.setattr(core, "_considered", lambda *a: priced.append(1) or record(*a))
+
+    def f():
+        mesh = dt.ProcessMesh([0, 1], dim_names=["x"])
+        a = dt.shard_tensor(np.ones((6, 10)), mesh, [S0])  # shapes no other test decides
+        b = dt.shard_tensor(np.ones((6, 10)), mesh, [S1])
+        a + b
+        a @ b.T
+        before = (len(asked), len(priced), core._recording.log)
+        dt.barrier()  # every rank counted before any explains
+        with dt.explain():
+            a * b
+        return before, core._recording.log
+
+    (before, after), _ = dt.simulate(2, f)
+    assert before == (0, 0, None) and after is None
+    assert len(asked) == 2 and len(priced) == 2  # one op, one mesh dim, on each rank
+
+
+def _grid():
+    """(op, specs, attrs, mesh shape): einsum-core rules over placements on 1-D and 2-D
+    meshes."""
+    ps = [R, S0, S1, PSUM, dt.Partial("max")]
+    ops = [
+        ("matmul", [(8, 6), (6, 4)], {}),
+        ("add", [(8, 6), (8, 6)], {}),
+        ("add", [(8, 6), (6,)], {}),
+        ("multiply", [(8, 6), (8, 6)], {}),
+        ("sum", [(8, 6)], {"axis": 0}),
+        ("softmax", [(8, 6)], {"axis": -1}),
+        ("concatenate", [(8, 6), (8, 6)], {"axis": 0}),
+        ("linear", [(8, 6), (6, 4), (4,)], {}),
+    ]
+    for name, shapes, attrs in ops:
+        for mesh_shape in ((2,), (3,), (2, 2)):
+            for combo in itertools.product(ps, repeat=len(shapes) * len(mesh_shape)):
+                if len(shapes) * len(mesh_shape) > 4 and hash(combo) % 7:
+                    continue  # a sample of the larger grids
+                placements = [
+                    combo[i * len(mesh_shape) : (i + 1) * len(mesh_shape)]
+                    for i in range(len(shapes))
+                ]
+                specs = []
+                for shape, pl in zip(shapes, placements):
+                    if any(isinstance(p, dt.Shard) and p.dim >= len(shape) for p in pl):
+                        break
+                    specs.append(TensorSpec(shape, list(pl)))
+                else:
+                    yield name, tuple(specs), attrs, mesh_shape
+
+
+def test_considered_is_the_rule_s_decision():
+    """Recording changes no decision; on each mesh dim the chosen candidate is the first of
+    the cheapest and is what the rule returned; each price is its moves' sum (a collective's
+    LATENCY plus its bytes, a byte a local move: Note [Price of a reshard])."""
+    n = 0
+    for name, specs, attrs, mesh_shape in _grid():
+        rule = get_rule(name)
+        try:
+            want = rule(specs, mesh_shape, **attrs)
+        except ValueError:  # a Partial the op refuses
+            continue
+        got, log = core.considered(rule, specs, mesh_shape, **attrs)
+        assert got == want, (name, specs)
+        assert core._recording.log is None
+        # every mesh dim of more than one rank, but those a rule decides without pricing (a
+        # split softmax axis stays split: Note [Row-wise rules])
+        assert {c.mesh_dim for c in log} <= {m for m, k in enumerate(mesh_shape) if k > 1}
+        n += bool(log)
+        for c in log:
+            costs = [x.cost for x in c.candidates]
+            assert c.chosen == costs.index(min(costs))
+            assert c.current == tuple(s.placements[c.mesh_dim] for s in specs)
+            taken = c.candidates[c.chosen]
+            assert taken.inputs == tuple(p[c.mesh_dim] for p in got.inputs), (name, specs)
+            assert taken.output == got.outputs[0][c.mesh_dim]
+            for x in c.candidates:
+                price = sum(w + (1.0 if kind == "local" else LATENCY) for _, kind, w, _ in x.moves)
+                assert math.isclose(price, x.cost), (name, specs, x)
+    assert n > 500

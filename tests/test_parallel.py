@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import warnings
 
 import numpy as np
 import pytest
@@ -173,6 +174,136 @@ def test_dim_by_index_or_list():
     got = every_rank(dt.simulate(4, body))
     assert all(g == got[0] for g in got)
     assert got[0][0]["buckets"][0]["dims"] == ["dp"] and got[0][1] == [dt.Replicate()] * 2
+
+
+def default_dim():
+    """``dim`` left out: the only dim of a 1-D mesh whatever its name, "dp" on a mesh with
+    more dims; with no "dp" there, a ValueError naming the dims (and explicit dims work)."""
+    out = {}
+    for names, shape in ((("data",), (4,)), (("dp", "mp"), (2, 2)), (("mp", "dp"), (2, 2))):
+        mesh = dt.ProcessMesh(np.arange(4).reshape(shape), list(names))
+        model = dt.shard_layer(dt.nn.Linear(4, 2, dtype=np.float64, seed=1), mesh)
+        with dt.CommCounter() as cc:
+            dp_model = dt.DataParallel(model, mesh)
+        pls = [dt.Shard(0) if n in ("data", "dp") else dt.Replicate() for n in names]
+        dp_model(dt.shard_tensor(np.ones((8, 4)), mesh, pls)).sum().backward()
+        dp_model.finish_gradients()
+        out[names] = (cc.counts, dp_model.extra_repr(), dp_model.buckets["buckets"][0]["dims"])
+
+    def refused(mesh, **kwargs):
+        model = dt.shard_layer(dt.nn.Linear(4, 2, dtype=np.float64, seed=1), mesh)
+        with dt.CommCounter() as cc:
+            try:
+                dt.DataParallel(model, mesh, **kwargs)
+            except ValueError as e:
+                return str(e), cc.counts
+        return "no error", cc.counts
+
+    data_model = dt.ProcessMesh(np.arange(4).reshape(2, 2), ["data", "model"])
+    out["no dp"] = refused(data_model)
+    out["dp on data"] = refused(dt.ProcessMesh(np.arange(4), ["data"]), dim="dp")
+    out["dp on data_model"] = refused(data_model, dim="dp")
+    model = dt.shard_layer(dt.nn.Linear(4, 2, dtype=np.float64, seed=1), data_model)
+    out["explicit"] = dt.DataParallel(model, data_model, dim="data").extra_repr()
+    return out
+
+
+def test_dim_defaults_to_the_only_dim_or_dp():
+    got = every_rank(dt.simulate(4, default_dim))
+    tail = "overlap=True, k_steps=1, fuse=True"
+    assert got[("data",)] == ({}, f"dim=['data'], {tail}", ["data"])
+    assert got[("dp", "mp")] == ({}, f"dim=['dp'], {tail}", ["dp"])
+    assert got[("mp", "dp")] == ({}, f"dim=['dp'], {tail}", ["dp"])
+    assert got["no dp"] == (
+        "DataParallel: which dim of the 2-D mesh ProcessMesh(shape=(2, 2), process_ids=[0, 1, "
+        "2, 3], dim_names=['data', 'model']) is data-parallel? dim= defaults to the only dim of "
+        "a 1-D mesh, else to 'dp', which this mesh lacks; pass dim= one of ['data', 'model'] (or "
+        "a list of them)",
+        {},
+    )
+    assert got["dp on data"] == (
+        "DataParallel: dim='dp' is not a dim of the mesh: its dim_names are ['data']; pass dim= "
+        "one of them (or leave dim= out: a 1-D mesh's only dim)",
+        {},
+    )
+    assert got["dp on data_model"] == (
+        "DataParallel: dim='dp' is not a dim of the mesh: its dim_names are ['data', 'model']; "
+        "pass dim= one of them",
+        {},
+    )
+    assert got["explicit"] == f"dim=['data'], {tail}"
+
+
+# -- a batch that is not split ------------------------------------------------------------------
+def forwards(layout, batches: list[str], calls: int = 3):
+    """One wrapper per entry of ``batches`` on ``layout``, each called ``calls`` times with
+    that batch: "numpy" (a plain array), "replicate" (a Replicate DistTensor), "split" (the
+    layout's batch placements), "dp only" (Shard(0) over "dp", Replicate elsewhere)."""
+    mesh = layout.mesh()
+    out = []
+    for kind in batches:
+        model = dt.shard_layer(dt.nn.Linear(4, 2, dtype=np.float64, seed=1), mesh)
+        dp_model = dt.DataParallel(model, mesh, dim=layout.dim)
+        a = np.ones((8, 4))
+        x = {
+            "numpy": a,
+            "replicate": dt.shard_tensor(a, mesh, [dt.Replicate()] * mesh.ndim),
+            "split": dt.shard_tensor(a, mesh, layout.batch_placements()),
+            "dp only": dt.shard_tensor(
+                a, mesh, [dt.Shard(0) if n == "dp" else dt.Replicate() for n in layout.names]
+            ),
+        }[kind]
+        for _ in range(calls):
+            y = dp_model(x)  # the warning's line
+        out.append(y.placements)
+        dp_model.unwrap()
+    return out
+
+
+def warned(world: int, *args) -> tuple[list, list]:
+    """What ``forwards`` returned on each simulated rank, and every warning any rank gave."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # each rank's own, not one per warning text
+        got = dt.simulate(world, forwards, *args)
+    return got, [w for w in caught if issubclass(w.category, RuntimeWarning)]
+
+
+def test_an_unsplit_batch_warns_once_per_wrapper():
+    """A numpy batch (or a Replicate DistTensor) runs, every rank computing the whole batch:
+    one RuntimeWarning per wrapper and rank, naming dt.shard_tensor, from the caller's line;
+    a batch Shard over "dp" gives none, and nothing does on one rank."""
+    got, caught = warned(2, dp_mesh(2), ["numpy", "replicate", "split", "numpy"])
+    assert every_rank(got) == [[dt.Replicate()], [dt.Replicate()], [dt.Shard(0)], [dt.Replicate()]]
+    tail = (
+        ", so every rank computes the whole batch and data parallelism does nothing; split it "
+        "with dt.shard_tensor(x, mesh, [dt.Shard(0)])"
+    )
+    numpy_msg = "DataParallel: the batch is a numpy array, not split over ['dp']" + tail
+    rep_msg = "DataParallel: no argument is Shard over ['dp'] (the batch is not split)" + tail
+    assert sorted(str(w.message) for w in caught) == sorted([numpy_msg] * 4 + [rep_msg] * 2)
+    with open(__file__) as f:
+        line = next(i for i, t in enumerate(f, 1) if "# the warning's line" in t)
+    assert {(w.filename, w.lineno) for w in caught} == {(__file__, line)}
+    assert warned(1, dp_mesh(1), ["numpy", "replicate"])[1] == []
+
+
+def test_an_unsplit_batch_on_2d_meshes():
+    """dp x mp: a batch Shard(0) over "dp" and Replicate over "mp" is split; with both dims
+    data-parallel, a batch split over "dp" only warns about "dp2"."""
+    got, caught = warned(4, DP_MP, ["split", "numpy"])
+    assert every_rank(got) == [[dt.Shard(0), dt.Replicate()], [dt.Replicate()] * 2]
+    assert [str(w.message) for w in caught] == [
+        "DataParallel: the batch is a numpy array, not split over ['dp'], so every rank "
+        "computes the whole batch and data parallelism does nothing; split it with "
+        "dt.shard_tensor(x, mesh, [dt.Shard(0), dt.Replicate()])"
+    ] * 4
+    got, caught = warned(4, DP_DP, ["split", "dp only"])
+    assert every_rank(got) == [[dt.Shard(0), dt.Shard(0)], [dt.Shard(0), dt.Replicate()]]
+    assert [str(w.message) for w in caught] == [
+        "DataParallel: no argument is Shard over ['dp2'] (the batch is not split), so every "
+        "rank computes the whole batch and data parallelism does nothing; split it with "
+        "dt.shard_tensor(x, mesh, [dt.Shard(0), dt.Shard(0)])"
+    ] * 4
 
 
 # -- errors and the log line --------------------------------------------------------------------

@@ -106,6 +106,8 @@ def get_rank() -> int:
 
 
 def get_world_size() -> int:
+    """The number of ranks in the world: processes under ``mpiexec``, threads under
+    ``dt.simulate``, 1 in a plain ``python``."""
     return world().size
 
 

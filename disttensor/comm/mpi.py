@@ -347,7 +347,11 @@ class MPIComm(Communicator):
         group = self.comm.Get_group().Incl(local)
         # MPI_Comm_create_group is collective over the new group's members only, so ranks
         # outside a mesh never have to take part. The tag separates concurrent creations.
-        sub = self.comm.Create_group(group, tag=hash(ranks) % 32749)
+        key = WATCH.enter(f"creating the communicator of ranks {list(ranks)}", ranks)
+        try:
+            sub = self.comm.Create_group(group, tag=hash(ranks) % 32749)
+        finally:
+            WATCH.exit(key)
         group.Free()
         assert sub != MPI.COMM_NULL
         return MPIComm(sub, ranks)
@@ -449,7 +453,13 @@ class MPIComm(Communicator):
     # Agreement (Note [Ranks agree before a collective] in comm/agree.py) -----------------------
     def _checks(self):
         if self._checker is None:
-            self._checker = self.comm.Dup()  # its own channel: never matched with data calls
+            # its own channel: never matched with data calls. Dup is collective: a rank that
+            # never comes must end in the watchdog's timeout like any other call
+            key = WATCH.enter("the agreement check's first use (MPI_Comm_dup)", self.ranks)
+            try:
+                self._checker = self.comm.Dup()
+            finally:
+                WATCH.exit(key)
         return self._checker
 
     def _check(self, kind, key, call):

@@ -50,7 +50,21 @@ def _uniform(shape, bound: float, dtype, mesh, seed) -> DistTensor:
 
 
 class Linear(Module):
-    """``x @ weight + bias``; weight (in, out) and bias uniform in +-1/sqrt(in), as PyTorch."""
+    """``x @ weight + bias``; weight (in, out) and bias uniform in +-1/sqrt(in), as PyTorch.
+
+    The parameters are ``dtype`` (float32 by default), but the layer computes as numpy does:
+    its result's dtype follows numpy's type promotion of the input's and the weight's. A
+    float64 batch through float32 layers gives float64 activations and a float64 loss (the
+    parameters and their gradients stay float32), at float64's cost in memory and time. Cast
+    the batch, ``x.astype(np.float32)``, to stay in float32.
+
+    >>> import numpy as np, disttensor as dt
+    >>> layer = dt.nn.Linear(3, 2, seed=0)
+    >>> layer.weight.dtype, layer(np.ones((4, 3))).dtype
+    (dtype('float32'), dtype('float64'))
+    >>> layer(np.ones((4, 3)).astype(np.float32)).dtype
+    dtype('float32')
+    """
 
     def __init__(
         self,

@@ -16,6 +16,11 @@ gradients per rank, and ``k_steps`` backward passes accumulate locally before on
 
 With ``k_steps=k``, call ``opt.step(); opt.zero_grad()`` after every k-th ``backward()``.
 
+``dim`` defaults to the only dim of a 1-D mesh, and to "dp" on a mesh with more dims.
+Parameters built on a mesh of the same ranks and shape that only names its dims otherwise
+(the default mesh, whose dim is "d0") are re-labelled onto ``mesh`` (Note [Mesh identity] in
+mesh.py): no data moves, and an INFO line on the "disttensor" logger says so.
+
 >>> import numpy as np, disttensor as dt
 >>> def train():
 ...     mesh = dt.ProcessMesh([0, 1], dim_names=["dp"])
@@ -31,20 +36,28 @@ With ``k_steps=k``, call ``opt.step(); opt.zero_grad()`` after every k-th ``back
 
 from __future__ import annotations
 
+import logging
 import numbers
+import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .. import autograd
-from ..mesh import ProcessMesh
+import numpy as np
+
+from .. import autograd, backend
+from ..mesh import ProcessMesh, names_clash, names_differ, same_grid
 from ..nn.module import Module
-from ..placement import Replicate
+from ..placement import Replicate, Shard
+from ..tensor import DistTensor
 from .buckets import MiB, Reducer
+
+log = logging.getLogger("disttensor")
 
 
 class DataParallel(Module):
-    """Wrap ``model`` for data parallelism over the mesh dim(s) ``dim`` of ``mesh``.
+    """Wrap ``model`` for data parallelism over the mesh dim(s) ``dim`` of ``mesh``
+    (default: the only dim of a 1-D mesh; on a mesh with more dims, "dp").
 
     Its forward is the model's and its parameters are the model's (``dp_model.module``).
     Gradients Partial over ``dim`` are packed into buckets of up to ``bucket_size_mb`` MiB
@@ -55,13 +68,19 @@ class DataParallel(Module):
     number of passes (the mean over the k-times larger batch), else it is their sum.
     Gradients are finished (waited for, made Replicate over ``dim``) by any dt optimizer's
     ``step()`` or by ``finish_gradients()``.
+
+    Parameters on a mesh with ``mesh``'s ranks and shape but other dim names are re-labelled
+    onto ``mesh`` (their shards unchanged, logged at INFO). The batch must be split over
+    ``dim`` (``dt.shard_tensor(x, mesh, [dt.Shard(0)])``): the first forward whose tensor
+    arguments are not (a numpy array, a DistTensor Replicate over ``dim``) warns
+    (RuntimeWarning, once per wrapper), since every rank then computes the whole batch.
     """
 
     def __init__(
         self,
         model: Module,
         mesh: ProcessMesh,
-        dim: str | int | Sequence[str | int] = "dp",
+        dim: str | int | Sequence[str | int] | None = None,
         bucket_size_mb: float = 25.0,
         first_bucket_size_mb: float = 1.0,
         overlap: bool = True,
@@ -73,10 +92,29 @@ class DataParallel(Module):
             raise TypeError(f"DataParallel wraps a dt.nn.Module, got {type(model).__name__}")
         if not isinstance(mesh, ProcessMesh):
             raise TypeError(f"DataParallel needs a dt.ProcessMesh, got {type(mesh).__name__}")
+        if dim is None:  # the only dim, or "dp"
+            if mesh.ndim == 1:
+                dim = mesh.dim_names[0]
+            elif "dp" in mesh.dim_names:
+                dim = "dp"
+            else:
+                raise ValueError(
+                    f"DataParallel: which dim of the {mesh.ndim}-D mesh {mesh} is "
+                    f"data-parallel? dim= defaults to the only dim of a 1-D mesh, else to "
+                    f"'dp', which this mesh lacks; pass dim= one of {mesh.dim_names} (or a "
+                    "list of them)"
+                )
         names = [dim] if isinstance(dim, (str, numbers.Integral)) else list(dim)
         if not names:
             raise ValueError("DataParallel: dim names no mesh dim; give one or a list")
-        dims = tuple(sorted({mesh.dim_index(d) for d in names}))  # raises on unknown names
+        for d in names:
+            if isinstance(d, str) and d not in mesh.dim_names:
+                raise ValueError(
+                    f"DataParallel: dim={d!r} is not a dim of the mesh: its dim_names are "
+                    f"{mesh.dim_names}; pass dim= one of them"
+                    + (" (or leave dim= out: a 1-D mesh's only dim)" if mesh.ndim == 1 else "")
+                )
+        dims = tuple(sorted({mesh.dim_index(d) for d in names}))  # raises on bad indices
         for what, v in (
             ("bucket_size_mb", bucket_size_mb),
             ("first_bucket_size_mb", first_bucket_size_mb),
@@ -95,20 +133,21 @@ class DataParallel(Module):
         self.overlap, self.k_steps, self.avg, self.fuse = bool(overlap), k_steps, bool(avg), fuse
         caps = (float(first_bucket_size_mb) * MiB, float(bucket_size_mb) * MiB) if fuse else (0, 0)
         # every parameter counts backward passes and is scaled by gradient merge; those on
-        # the mesh, replicated over the dims, have the gradients that buckets reduce
+        # the mesh, replicated over the dims, have the gradients that buckets reduce.
+        # Parameters on the mesh under other dim names are adopted (re-labelled below, once
+        # every check has passed: a failed wrap changes nothing)
         self._all = list(model.parameters())
+        adopt = [p for p in self._all if p.mesh != mesh and _adoptable(p.mesh, mesh)]
+        adopted = {id(p) for p in adopt}
         self._params = [
             p
             for p in self._all
-            if p.mesh == mesh and all(p.placements[m] == Replicate() for m in dims)
+            if (p.mesh == mesh or id(p) in adopted)
+            and all(p.placements[m] == Replicate() for m in dims)
         ]
         self._bucketed = {id(p) for p in self._params}
         if not self._params:
-            raise ValueError(
-                f"DataParallel: no parameter of the model lives on {mesh} replicated over "
-                f"{[mesh.dim_names[m] for m in dims]}; build the model on this mesh (e.g. "
-                "Linear(..., mesh=mesh)) or place it with dt.shard_layer first"
-            )
+            raise ValueError(_nothing_to_reduce(model, mesh, dims))
         self._caps = caps
         self._reducer = Reducer(self._params, mesh, dims, caps)
         self._micro = 0  # backward passes accumulated since the last reduction
@@ -122,12 +161,49 @@ class DataParallel(Module):
                     f"DataParallel: a parameter of shape {p.shape} is already wrapped by "
                     "another DataParallel; wrap the model once (or .unwrap() the other)"
                 )
+        if adopt:
+            _relabel(adopt, mesh)
+        self._warned = False  # the unsplit-batch warning, once per wrapper
         for p in self._all:
             self._removers.append(p.register_post_accumulate_grad_hook(_weak(self._on_grad)))
             autograd.set_grad_finisher(p, self._finish)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if not self._warned:
+            unsplit = self._unsplit(args, kwargs)
+            if unsplit:
+                self._warned = True
+                warnings.warn(unsplit, RuntimeWarning, stacklevel=3)  # the caller's line
         return self.module(*args, **kwargs)
+
+    def _unsplit(self, args: tuple, kwargs: dict) -> str:
+        """The warning for a forward whose batch is not split over every data-parallel dim
+        of more than one rank (no tensor argument is Shard over it): every rank then computes
+        the whole batch. "" when the batch is split, or nothing is a tensor."""
+        mesh, dims = self.mesh, self.dims
+        seen, split = [], set()
+        for a in _leaves((args, kwargs)):
+            if isinstance(a, DistTensor):
+                seen.append(a)
+                if same_grid(a.mesh, mesh):  # other names: the op's error says so
+                    split.update(m for m in dims if isinstance(a.placements[m], Shard))
+            elif isinstance(a, np.ndarray) or backend.is_device(a):
+                seen.append(a)
+        missing = [m for m in dims if m not in split and mesh.shape[m] > 1]  # 1 rank: no loss
+        if not seen or not missing:
+            return ""
+        over = [mesh.dim_names[m] for m in missing]
+        if all(not isinstance(a, DistTensor) for a in seen):
+            kind = "numpy" if all(isinstance(a, np.ndarray) for a in seen) else "device"
+            what = f"the batch is a {kind} array, not split over {over}"
+        else:
+            what = f"no argument is Shard over {over} (the batch is not split)"
+        want = ["dt.Shard(0)" if m in dims else "dt.Replicate()" for m in range(mesh.ndim)]
+        return (
+            f"DataParallel: {what}, so every rank computes the whole batch and data "
+            "parallelism does nothing; split it with "
+            f"dt.shard_tensor(x, mesh, [{', '.join(want)}])"
+        )
 
     # -- backward: a gradient is final -----------------------------------------------------
     def _on_grad(self, p: Any) -> None:
@@ -208,6 +284,80 @@ class DataParallel(Module):
     def extra_repr(self) -> str:
         names = [self.mesh.dim_names[m] for m in self.dims]
         return f"dim={names}, overlap={self.overlap}, k_steps={self.k_steps}, fuse={self.fuse}"
+
+
+def _adoptable(have: ProcessMesh, mesh: ProcessMesh) -> bool:
+    """A parameter on ``have`` can be re-labelled onto ``mesh``: the same ranks in the same
+    grid, and no dim name that stands for another dim in the other mesh."""
+    return same_grid(have, mesh) and not names_clash(have, mesh)
+
+
+def _relabel(params: list, mesh: ProcessMesh) -> None:
+    """Put ``params`` (and their gradients) on ``mesh``, whose ranks and shape are theirs:
+    the spec's mesh changes, every shard stays as it is (no communication)."""
+    meshes = sorted({repr(p.mesh) for p in params})
+    for p in params:
+        for t in (p, p.grad):
+            if t is not None:
+                # its remembered moves (Note [One move per tensor]) start from the old mesh
+                t._spec = t._spec.replace(mesh=mesh)
+                t._moved = None
+    log.info(
+        "DataParallel: %d parameter%s on %s re-labelled onto %s (the same ranks and shape, "
+        "other dim names; no data moved)",
+        len(params),
+        "" if len(params) == 1 else "s",
+        " and ".join(meshes),
+        mesh,
+    )
+
+
+def _nothing_to_reduce(model: Module, mesh: ProcessMesh, dims: tuple) -> str:
+    """Why no parameter of ``model`` has a gradient to reduce over ``dims`` of ``mesh``:
+    where its parameters live (per mesh and placements, a name each), and the fix."""
+    over = [mesh.dim_names[m] for m in dims]
+    head = f"DataParallel: no parameter of the model lives on {mesh} replicated over {over}"
+    where: dict[tuple, list[str]] = {}
+    for name, p in model.named_parameters():
+        where.setdefault((p.mesh, tuple(p.placements)), []).append(name)
+    if not where:
+        return f"{head}: the model has no parameters"
+    parts = []
+    hints = []
+    for (m, placements), names in list(where.items())[:4]:
+        n = len(names)
+        parts.append(
+            f"{n} parameter{'' if n == 1 else 's'} (e.g. {names[0]!r}) on {m} as {list(placements)}"
+        )
+        clause = names_differ(m, mesh)
+        if clause and clause not in hints:
+            clash = names_clash(m, mesh)
+            hints.append(
+                f"{clause}; DataParallel re-labels parameters onto its mesh only where no dim "
+                f"name means another dim in the other mesh, and here {clash} do"
+                if clash
+                else clause
+            )
+    more = f" and {len(where) - 4} more layouts" if len(where) > 4 else ""
+    return (
+        f"{head}; its parameters: {'; '.join(parts)}{more}. "
+        + "".join(f"{h[0].upper()}{h[1:]}. " for h in hints)
+        + "Build the model on this mesh (e.g. Linear(..., mesh=mesh)) or place it with "
+        "dt.shard_layer(model, mesh) first; parameters Shard over a data-parallel dim "
+        "(ZeRO-style) are left to the optimizer"
+    )
+
+
+def _leaves(a: Any):
+    """The values inside nested tuples, lists and dicts (a forward's arguments)."""
+    if isinstance(a, (tuple, list)):
+        for b in a:
+            yield from _leaves(b)
+    elif isinstance(a, dict):
+        for b in a.values():
+            yield from _leaves(b)
+    else:
+        yield a
 
 
 def _weak(method: Callable) -> Callable:

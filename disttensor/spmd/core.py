@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 import operator
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -135,6 +136,7 @@ def register(*names: str) -> Callable[[Rule], Rule]:
 
 
 def get_rule(name: str) -> Rule | None:
+    """The SPMD rule registered for op ``name``, or None (the op uses the replicate fallback)."""
     return _RULES.get(name)
 
 
@@ -240,6 +242,7 @@ def solve(
     too (Note [Bias of a linear] in rules.py).
     """
     letters = [c for c in dict.fromkeys("".join(out) + "".join(subs)) if c not in unshardable]
+    log = _recording.log  # None unless dt.explain asks (Note [What a rule considered])
     per_in: list[list[Placement]] = [[] for _ in specs]
     per_out: list[Placement] = []
     for m, k in enumerate(mesh_shape):
@@ -297,11 +300,134 @@ def solve(
                 best, best_cost = j, c
             if c == 0.0:
                 break  # costs are never negative: nothing later can win
+        if log is not None:  # dt.explain asks: Note [What a rule considered]
+            log.append(_considered(m, k, specs, mesh_shape, cur, cands, sizes, inner, best))
         req, o = cands[best]
         for i, r in enumerate(req):
             per_in[i].append(r)
         per_out.append(o)
     return tuple(tuple(p) for p in per_in), tuple(per_out)
+
+
+# Note [What a rule considered]
+#     dt.explain says why an op's inputs moved: which placements the einsum core priced on each
+#     mesh dim, at what price, and which it took. ``considered(rule, specs, mesh_shape,
+#     **attrs)`` runs a rule again with a recorder on this thread; ``solve`` then appends a
+#     Considered per mesh dim it decides (of more than one rank), every candidate priced as in
+#     the decision (Note [Price of a reshard]) and split into the moves that make its price
+#     (``price_moves``). Nothing else records: the recorder is None outside ``considered``,
+#     and ``solve`` reads it once per call (rules run only when dispatch's decision cache
+#     misses), so ordinary runs compute no alternatives. Read-only: the rule's result is the
+#     same with the recorder on. Rules that decide a mesh dim without ``solve`` (shape ops,
+#     a split softmax axis kept split) record nothing for it.
+class _Recording(threading.local):
+    log: list | None = None
+
+
+_recording = _Recording()
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way ``solve`` priced running an op on one mesh dim: the placement each input must
+    have there, the output's, the price (bytes, Note [Price of a reshard]: what ``solve``
+    compares) and the moves it is priced as, ``(input, kind, wire bytes, mesh dim)``: kind
+    ``all_gather``, ``all_reduce``, ``all_to_all`` (each also costs LATENCY) or ``local``
+    (costs a byte); mesh dim is another mesh dim whose split of the same axis is gathered
+    first (Note [Nested sharding] in spec.py), else None."""
+
+    inputs: tuple[Placement, ...]
+    output: Placement
+    cost: float
+    moves: tuple[tuple[int, str, float, int | None], ...]
+
+
+@dataclass(frozen=True)
+class Considered:
+    """What ``solve`` weighed on mesh dim ``mesh_dim``: the inputs' placements there
+    (``current``), every candidate in the order it tried them, and the index of the one it
+    took (``chosen``: the cheapest, the first of equals)."""
+
+    mesh_dim: int
+    current: tuple[Placement, ...]
+    candidates: tuple[Candidate, ...]
+    chosen: int
+
+
+def considered(rule: Rule, specs: Sequence[TensorSpec], mesh_shape: tuple[int, ...], **attrs):
+    """``(rule's RuleResult, [Considered, ...])``: the rule run on ``specs`` with what the
+    einsum core weighed on each mesh dim it decided (Note [What a rule considered]).
+
+    >>> from disttensor.placement import Shard
+    >>> x, w = TensorSpec((8, 4), [Shard(1)]), TensorSpec((4, 6), [Replicate()])
+    >>> res, (dim0,) = considered(einsum("ij,jk->ik"), (x, w), (2,))
+    >>> [(c.inputs, c.output, c.cost) for c in dim0.candidates][dim0.chosen]
+    ((Shard(dim=1), Shard(dim=0)), Partial(reduce_type='sum'), 1.0)
+    """
+    previous = _recording.log
+    log: list[Considered] = []
+    _recording.log = log
+    try:
+        res = rule(tuple(specs), tuple(mesh_shape), **attrs)
+    finally:
+        _recording.log = previous
+    return res, log
+
+
+def price_moves(cur: Placement, req: Placement, k: int, nbytes: float, planner: bool = False):
+    """The moves ``reshard_cost`` prices a 1-D move of ``nbytes`` as: ``[(kind, wire bytes)]``
+    (kinds as in Candidate; a ``reduce_scatter`` for the planner). Each collective's LATENCY
+    plus its bytes, and a byte for each local move, add up to ``reshard_cost``.
+
+    >>> from disttensor.placement import Shard
+    >>> price_moves(Shard(0), Partial(), 2, 64.0)
+    [('all_gather', 32.0), ('local', 0.0)]
+    """
+    if cur == req:
+        return []
+    wire = nbytes * (k - 1) / k
+    if req.is_replicate():
+        return [("all_reduce", 2 * wire) if cur.is_partial() else ("all_gather", wire)]
+    if req.is_shard():
+        if cur.is_replicate():
+            return [("local", 0.0)]
+        if cur.is_shard():
+            return [("all_to_all", wire / k)]
+        return [("all_reduce", 2 * wire) if not planner else ("reduce_scatter", wire)]
+    if cur.is_replicate():
+        return [("local", 0.0)]
+    first = ("all_reduce", 2 * wire) if cur.is_partial() else ("all_gather", wire)
+    return [first, ("local", 0.0)]
+
+
+def _nested_moves(spec: TensorSpec, mesh_shape: tuple[int, ...], m: int, cur, req) -> list:
+    """The gathers ``_inner_cost`` prices: ``[(mesh dim, wire bytes)]``."""
+    out = []
+    for p in (cur, req):
+        if isinstance(p, Shard):
+            for j in range(m + 1, len(mesh_shape)):
+                if spec.placements[j] == p:
+                    whole = math.prod(spec.shape) * spec.itemsize
+                    out.append((j, whole * (mesh_shape[j] - 1) / mesh_shape[j]))
+    return out
+
+
+def _considered(m, k, specs, mesh_shape, cur, cands, sizes, inner, best) -> Considered:
+    """Every candidate of mesh dim ``m`` priced as ``solve`` prices it, with its moves."""
+    priced = []
+    for req, o in cands:
+        cost = sum(
+            reshard_cost(a, r, k, b) + (nest(a, r) if a != r else 0.0)
+            for a, r, b, nest in zip(cur, req, sizes, inner)
+        )
+        moves: list[tuple[int, str, float, int | None]] = []
+        for i, (a, r, b, s) in enumerate(zip(cur, req, sizes, specs)):
+            if a == r:
+                continue
+            moves += [(i, "all_gather", w, j) for j, w in _nested_moves(s, mesh_shape, m, a, r)]
+            moves += [(i, kind, w, None) for kind, w in price_moves(a, r, k, b)]
+        priced.append(Candidate(tuple(req), o, cost, tuple(moves)))
+    return Considered(m, tuple(cur), tuple(priced), best)
 
 
 def parse_equation(equation: str, ndims: Sequence[int]) -> tuple[list[str], str]:
