@@ -123,28 +123,47 @@ class _Slice:
     bounds: tuple[tuple[int, int], ...]  # per rank of the group: (start, length) along d
     # within this rank's whole local array
     me: int  # this rank's index in the group
+    shape: tuple[int, ...] = ()  # this rank's whole local shape
+    sizes: tuple[int, ...] = ()  # per rank of the group: elements of its slice
+    index: tuple = ()  # per rank of the group: the index of its slice in a whole local array
 
-    def pieces(self, shape: tuple[int, ...]) -> tuple[int, int]:
-        """(elements before d, elements after d) of a local array of ``shape``."""
+    def __post_init__(self) -> None:
+        if self.d is None or self.group is None:
+            return
+        self.shape = self.whole.local_shape(self.whole.mesh.get_coord(comm.get_rank()))
         d = self.d
-        return math.prod(shape[:d]), math.prod(shape[d + 1 :])
-
-    def count(self, r: int) -> int:
-        """Elements of rank ``r``'s slice."""
-        shape = self.whole.local_shape(self.coord)
-        pre, post = self.pieces(shape)
-        return pre * self.bounds[r][1] * post
-
-    @property
-    def coord(self) -> tuple[int, ...]:
-        return self.whole.mesh.get_coord(comm.get_rank())
+        pre, post = math.prod(self.shape[:d]), math.prod(self.shape[d + 1 :])
+        self.sizes = tuple(pre * n * post for _, n in self.bounds)
+        self.index = tuple(
+            (slice(None),) * d + (slice(s, s + n),) for s, n in self.bounds
+        )  # fmt: skip
 
     def take(self, local: Any, r: int) -> Any:
         """Rank ``r``'s slice of a whole local array (a view)."""
-        s, n = self.bounds[r]
-        index = [slice(None)] * local.ndim
-        index[self.d] = slice(s, s + n)
-        return local[tuple(index)]
+        return local[self.index[r]]
+
+
+class _Layout:
+    """A bucket's layout, worked out at its first use and kept (``ShardedOptimizer._layout``):
+    per rank the size of its block in the flat buffer (every rank's blocks: the
+    reduce-scatter's input, the all-gather's output; one scratch buffer per dtype serves
+    every bucket, ``ShardedOptimizer._scratch``), per member and rank the offset of that
+    rank's slice, and ``grads``: the reduce-scatter's output, this rank's block, which the
+    gradient slices are views of until the next step (kept: reallocating memory of this size
+    every step costs more than the step's copies)."""
+
+    def __init__(self, members: list[_Slice]) -> None:
+        n = len(members[0].bounds)
+        self.counts = [sum(s.sizes[r] for s in members) for r in range(n)]
+        at = _starts(self.counts)
+        self.offsets = []
+        for s in members:
+            self.offsets.append(tuple(at))
+            at = [a + c for a, c in zip(at, s.sizes)]
+        me = members[0].me
+        self.base = sum(self.counts[:me])  # where this rank's block starts in the flat buffer
+        self.size = sum(self.counts)
+        self.grads: Any = None
 
 
 def _slice_dim(spec: DistSpec, m: int) -> int | None:
@@ -195,6 +214,9 @@ class ShardedOptimizer:
         coord = mesh.get_coord(rank)
         group = comm.group(group_ranks(mesh, (m,), rank)) if coord is not None else None
         self.slices: dict[int, _Slice] = {}
+        self._layouts: dict[tuple, _Layout] = {}  # buckets' layouts, kept
+        self._buffers: dict[tuple, Any] = {}  # the collectives' scratch buffers, kept
+        self._kept: dict[int, Any] = {}  # stage 3: per slice, the memory it lives in
         names = optimizer.state_names
         with autograd.no_grad():
             for p in params:
@@ -243,17 +265,9 @@ class ShardedOptimizer:
         would all-reduce them in its buckets lets them go (it keeps gradient merge)."""
         if self.stage < 2:
             return
-        from .data_parallel import DataParallel
-
         mine = [s.param for s in self.slices.values() if s.d is not None]
-        seen: set[int] = set()
-        for p in mine:
-            hit = autograd._finishers.get(id(p))
-            fn = hit[1]() if hit is not None and hit[0]() is p else None
-            owner = getattr(fn, "__self__", None)
-            if isinstance(owner, DataParallel) and id(owner) not in seen:
-                seen.add(id(owner))
-                owner._release(mine)
+        for owner in _wrappers(mine):
+            owner._release(mine)
 
     # -- the optimizer's interface -----------------------------------------------------------
     @property
@@ -323,7 +337,7 @@ class ShardedOptimizer:
                 if self.stage == 3:  # updated as the slice, which the parameter becomes
                     # made whole by a forward: its slice, in memory of its own
                     local = p.to_local()
-                    w = local if p._spec == s.part else s.take(local, s.me).copy()
+                    w = local if p._spec == s.part else self._own_slice(s, local)
                     opt.update(p, w, _as(grads[id(p)], w.dtype), lr)
                     self._to_slice(s, w)
                     autograd.note_mutation(w)
@@ -403,30 +417,46 @@ class ShardedOptimizer:
             sizes[key] += a.nbytes
         return out
 
+    def _layout(self, bucket: list[tuple[_Slice, Any]]) -> _Layout:
+        """The bucket's kept layout (made at its first use)."""
+        key = tuple(id(s) for s, _ in bucket)
+        lay = self._layouts.get(key)
+        if lay is None:
+            if len(self._layouts) >= 256:  # gradients present differ from step to step
+                self._layouts.clear()
+            lay = self._layouts[key] = _Layout([s for s, _ in bucket])
+        return lay
+
+    def _scratch(self, which: str, n: int, like: Any) -> Any:
+        """``n`` elements of the kept scratch buffer ``which`` ("flat": a bucket's every
+        block; "mine": this rank's block to all-gather) of ``like``'s dtype and backend:
+        one per kind, as large as the largest bucket (bucket_size_mb), reused by every
+        bucket and step."""
+        key = (which, like.dtype.str, type(like))
+        buf = self._buffers.get(key)
+        if buf is None or buf.size < n:
+            buf = self._buffers[key] = backend.xp(like).empty(n, like.dtype)
+        return buf[:n]
+
     def _reduce_scatter(self, bucket: list[tuple[_Slice, Any]], out: dict[int, Any]) -> None:
         """One reduce-scatter of the bucket's gradients into their slices: block r of the
         buffer holds rank r's slices, member after member."""
-        n = len(bucket[0][0].bounds)
-        counts = [sum(s.count(r) for s, _ in bucket) for r in range(n)]
+        lay = self._layout(bucket)
         first = bucket[0][1]
-        xp = backend.xp(first)
-        send = xp.empty(sum(counts), first.dtype)
-        for r, at in zip(range(n), _starts(counts)):
-            for s, g in bucket:
+        flat, me = self._scratch("flat", lay.size, first), bucket[0][0].me
+        mine = lay.grads
+        if mine is None or mine.dtype != first.dtype or type(mine) is not type(first):
+            mine = lay.grads = backend.xp(first).empty(lay.counts[me], first.dtype)
+        for (s, g), offs in zip(bucket, lay.offsets):
+            for r, at in enumerate(offs):
                 piece = s.take(g, r)
-                send[at : at + piece.size].reshape(piece.shape)[...] = piece
-                at += piece.size
-        me = bucket[0][0].me
-        recv = xp.empty(counts[me], first.dtype)
+                flat[at : at + s.sizes[r]].reshape(piece.shape)[...] = piece
         with doing(_label, "reduce-scatter", len(bucket), first.dtype, self.mesh, self.dim):
-            bucket[0][0].group.reduce_scatter(send, recv, counts, "sum")
-        at = 0
-        for s, g in bucket:
-            shape = list(g.shape)
-            shape[s.d] = s.bounds[me][1]
-            size = math.prod(shape)
-            piece = recv[at : at + size].reshape(shape)
-            at += size
+            bucket[0][0].group.reduce_scatter(flat, mine, lay.counts, "sum")
+        for (s, g), offs in zip(bucket, lay.offsets):
+            at = offs[me] - lay.base
+            shape = g[s.index[me]].shape
+            piece = mine[at : at + s.sizes[me]].reshape(shape)
             out[id(s.param)] = piece
             grad_spec = s.part if s.part.dtype == piece.dtype else s.part.replace(dtype=piece.dtype)
             s.param.grad = DistTensor(piece, grad_spec)
@@ -449,10 +479,9 @@ class ShardedOptimizer:
             s = self.slices.get(id(p))
             if s is not None and s.d is not None and p._spec == s.part:
                 todo.append((s, p.to_local()))
-        coord = self.mesh.get_coord(comm.get_rank())
         for bucket in self._buckets(todo):
             xp = backend.xp(bucket[0][1])
-            wholes = [xp.empty(s.whole.local_shape(coord), w.dtype) for s, w in bucket]
+            wholes = [xp.empty(s.shape, w.dtype) for s, w in bucket]
             self._all_gather(bucket, wholes)
             for (s, _), whole in zip(bucket, wholes):
                 p = s.param
@@ -460,22 +489,30 @@ class ShardedOptimizer:
 
     def _all_gather(self, bucket: list[tuple[_Slice, Any]], wholes: list[Any]) -> None:
         """One all-gather of the bucket's slices into the whole local arrays ``wholes``."""
-        n = len(bucket[0][0].bounds)
-        counts = [sum(s.count(r) for s, _ in bucket) for r in range(n)]
-        first = bucket[0][1]
-        xp = backend.xp(first)
-        if len(bucket) > 1:
-            send = xp.concatenate([xp.ascontiguousarray(w).reshape(-1) for _, w in bucket])
-        else:
-            send = xp.ascontiguousarray(first).reshape(-1)
-        recv = xp.empty(sum(counts), first.dtype)
+        lay = self._layout(bucket)
+        first, me = bucket[0][1], bucket[0][0].me
+        flat = self._scratch("flat", lay.size, first)
+        mine = self._scratch("mine", lay.counts[me], first)
+        for (s, w), offs in zip(bucket, lay.offsets):
+            at = offs[me] - lay.base
+            mine[at : at + s.sizes[me]].reshape(w.shape)[...] = w
         with doing(_label, "all-gather", len(bucket), first.dtype, self.mesh, self.dim):
-            bucket[0][0].group.allgather(send, recv, counts)
-        for r, at in zip(range(n), _starts(counts)):
-            for (s, _), whole in zip(bucket, wholes):
+            bucket[0][0].group.allgather(mine, flat, lay.counts)
+        for (s, _), whole, offs in zip(bucket, wholes, lay.offsets):
+            for r, at in enumerate(offs):
                 target = s.take(whole, r)
-                target[...] = recv[at : at + target.size].reshape(target.shape)
-                at += target.size
+                target[...] = flat[at : at + s.sizes[r]].reshape(target.shape)
+
+    def _own_slice(self, s: _Slice, local: Any) -> Any:
+        """Stage 3: this rank's slice of the whole ``local``, copied into memory the slice
+        keeps from step to step (the whole array can then go)."""
+        keep = self._kept.get(id(s))
+        view = s.take(local, s.me)
+        if keep is None or keep.shape != view.shape or keep.dtype != view.dtype:
+            keep = self._kept[id(s)] = view.copy()
+        else:
+            keep[...] = view
+        return keep
 
     def _to_slice(self, s: _Slice, w: Any) -> None:
         """Stage 3: the parameter becomes its slice ``w`` (None: taken from its whole local
@@ -484,6 +521,20 @@ class ShardedOptimizer:
         if w is None:
             w = s.take(p.to_local(), s.me).copy()
         p._local, p._spec, p._moved = w, s.part, None
+
+
+def _wrappers(params: list) -> list:
+    """The dt.DataParallel wrappers that finish the gradients of ``params``, each once."""
+    from .data_parallel import DataParallel
+
+    out: dict[int, Any] = {}
+    for p in params:
+        hit = autograd._finishers.get(id(p))
+        fn = hit[1]() if hit is not None and hit[0]() is p else None
+        owner = getattr(fn, "__self__", None)
+        if isinstance(owner, DataParallel):
+            out.setdefault(id(owner), owner)
+    return list(out.values())
 
 
 def _starts(counts: list[int]) -> list[int]:
@@ -548,9 +599,12 @@ def memory_report(
     model: Any = None, optimizer: Any = None, step: Callable[[], Any] | None = None
 ) -> dict[str, int]:
     """Bytes this rank holds for the model state (no communication): ``parameters``,
-    ``gradients`` (the ``.grad`` arrays now), ``optimizer_state`` and their ``total``.
-    ``model`` is a dt.nn.Module or a list of parameters (default: the optimizer's); each
-    distinct local array is counted once.
+    ``gradients`` (the ``.grad`` arrays now), ``optimizer_state``, ``buffers`` (what the
+    gradient reductions keep between steps beyond those: dt.DataParallel's buckets, a
+    sharded optimizer's scratch buffers, as large as its largest bucket) and their
+    ``total``. ``model`` is a dt.nn.Module or a list of parameters (default: the
+    optimizer's); the memory of each array is counted once (a gradient that is a view into
+    a bucket counts the bucket).
 
     ``step``: a function that runs one training step (forward, backward, ``opt.step()``;
     collective, as the step is). It is called under Python's tracemalloc, which numpy
@@ -582,6 +636,10 @@ def memory_report(
     seen: set[int] = set()
 
     def nbytes(a: Any) -> int:
+        """The bytes of the memory ``a`` lives in, the first time that memory is seen (a
+        gradient that is a view into a bucket counts the bucket, once)."""
+        while getattr(a, "base", None) is not None and hasattr(a.base, "nbytes"):
+            a = a.base
         if a is None or id(a) in seen:
             return 0
         seen.add(id(a))
@@ -591,12 +649,20 @@ def memory_report(
         "parameters": sum(nbytes(p.to_local()) for p in params),
         "gradients": sum(nbytes(p.grad.to_local()) for p in params if p.grad is not None),
         "optimizer_state": 0,
+        "buffers": 0,
     }
     if optimizer is not None:
         report["optimizer_state"] = sum(
             nbytes(t.to_local()) for entry in optimizer.state.values() for t in entry.values()
         )
-    report["total"] = report["parameters"] + report["gradients"] + report["optimizer_state"]
+    # communication buffers kept between steps: DataParallel's buckets (beyond the gradients
+    # that are views into them), a sharded optimizer's scratch and gradient blocks
+    kept = [b.buffer for dp in _wrappers(params) for b in dp._reducer.buckets]
+    if isinstance(optimizer, ShardedOptimizer):
+        kept += list(optimizer._buffers.values())
+        kept += [lay.grads for lay in optimizer._layouts.values()]
+    report["buffers"] = sum(nbytes(b) for b in kept)
+    report["total"] = sum(report.values())
     if peak is not None:
         report["step_peak"] = int(peak)
     return report
