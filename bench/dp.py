@@ -721,7 +721,8 @@ def traced_memory(comm: MPI.Comm, mesh, args, name: str, x_np, t_np) -> np.ndarr
     """A fresh copy of variant ``name``, traced by tracemalloc from its construction through
     2 warm-up steps and one more (module docstring, (e)). Returns, in bytes on this rank:
     parameters, gradients, optimizer state (memory_report after opt.step), memory_report's
-    total after zero_grad, DataParallel's bucket buffers, traced bytes held before the step,
+    total after zero_grad (its buffers included), DataParallel's bucket buffers, traced bytes
+    held before the step,
     traced peak during the step."""
     gc.collect()
     tracemalloc.start()
@@ -787,7 +788,8 @@ def sharding_table(comm: MPI.Comm, args, mesh, x_np, t_np, iters, say) -> None:
         "phases as in (b); 'finish' = dp_model.finish_gradients(): plain and stage 1 "
         "all-reduce the gradients in DataParallel's buckets (with overlap: the wait); stages "
         "2 and 3 reduce-scatter them inside opt.step, where stages 1 and 2 also all-gather "
-        "the updated parameters; stage 3 gathers the parameters in forward, module by module"
+        "the updated parameters; stage 3 gathers the parameters in forward (at the model's "
+        "first module call)"
     )
     verdicts = []
     for k in SHARDED:
@@ -838,8 +840,10 @@ def sharding_table(comm: MPI.Comm, args, mesh, x_np, t_np, iters, say) -> None:
         "model state / plain DataParallel (goal: the split parts 1/N of plain's, stage 3 "
         "about 1/N in all): " + ", ".join(verdicts),
         "ideal: plain's parameters, gradients and optimizer state with the parts the stage "
-        f"splits divided by N = {n}; DP buckets: DataParallel's bucket buffers, kept between "
-        "steps, not counted by memory_report (stages 2 and 3 take the gradients out of them); "
+        f"splits divided by N = {n}; after zero_grad: memory_report's total then, its "
+        "buffers included (DataParallel's buckets; a sharded optimizer's scratch, as large as "
+        "its largest bucket, and its gradient blocks); DP buckets: DataParallel's bucket "
+        "buffers (stages 2 and 3 take the gradients out of them); "
         "traced held: all the variant keeps between steps; step peak: the most it held during "
         "one step (forward to zero_grad); peak - held: what the step allocated on top",
     )

@@ -114,7 +114,7 @@ def train(
         dt.print0(
             f"ShardingStage{sharding}: rank 0 holds {held['parameters']:,} bytes of parameters, "
             f"{held['gradients']:,} of gradients, {held['optimizer_state']:,} of optimizer "
-            f"state ({held['total']:,} in all)"
+            f"state and {held['buffers']:,} of communication buffers ({held['total']:,} in all)"
         )
     return result
 

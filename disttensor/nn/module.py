@@ -41,8 +41,10 @@ class Parameter(DistTensor):
 # Note [Parameters gathered per module] (parallel/sharding.py, Note [Sharding stages]): a
 # stage-3 sharded optimizer keeps its parameters as slices between steps and registers, per
 # parameter, the bound method that makes a list of them whole again. Calling a module first
-# hands its own parameters that are registered to that method (one call per optimizer), so
-# each module's parameters are gathered together just before its forward.
+# hands the registered parameters of it and its sub-modules to that method (one call per
+# optimizer), which gathers those that are still slices in buckets: the outermost module
+# called gathers the model's parameters in a few all-gathers, and the modules it calls find
+# theirs whole. (They stay whole until the step anyway: autograd keeps them for backward.)
 _GATHERS: dict[int, tuple[Any, Any]] = {}  # id(param) -> (weakref(param), WeakMethod)
 
 
@@ -56,9 +58,10 @@ def set_forward_gather(param: DistTensor, method: Any) -> None:
 
 
 def _gather_own(module: Module) -> None:
-    """Hand ``module``'s own registered parameters to their gather methods."""
+    """Hand the registered parameters of ``module`` and its sub-modules to their gather
+    methods."""
     todo: dict[int, tuple[Any, list]] = {}
-    for p in module._parameters.values():
+    for p in module.parameters():
         hit = _GATHERS.get(id(p))
         if hit is None or hit[0]() is not p:
             continue

@@ -25,11 +25,14 @@ Note [Sharding stages]
       gradient. ``dt.DataParallel`` hands these parameters to the optimizer (its buckets
       would all-reduce them) and still runs gradient merge (``k_steps``) on them.
     * Stage 3: the parameters themselves live as their slices between steps (``p`` *is*
-      the ``Shard(d)`` DistTensor), so the model's ops gather each parameter where a rule
-      needs it whole, once per step (Note [One move per tensor]: a parameter used by two
-      ops is gathered once; the step's write drops the gathered copy), and the gradient
-      comes back Partial over ``dim`` for the reduce-scatter of stage 2. The update is in
-      place on the slice; nothing is gathered at the step.
+      the ``Shard(d)`` DistTensor). Calling a module first gathers the slices of its and
+      its sub-modules' parameters, in buckets (Note [Parameters gathered per module] in
+      nn/module.py): the outermost module's call gathers the model in a few all-gathers.
+      They stay whole through backward (autograd keeps them for the gradient), whose
+      gradients come back Partial over ``dim`` for the reduce-scatter of stage 2; the step
+      updates the slices and the parameters become slices again (their slices live in
+      memory kept from step to step). A parameter used outside any module call is gathered
+      by the op whose rule needs it whole, once per step (Note [One move per tensor]).
 
     The values are those of the unsharded optimizer: every update is elementwise, so
     updating slices computes the same numbers; the reduce-scatter sums the same elements
@@ -472,7 +475,7 @@ class ShardedOptimizer:
 
     def _unshard(self, params: list[DistTensor]) -> None:
         """Stage 3, before a module's forward (Note [Parameters gathered per module] in
-        nn/module.py): its parameters that are slices now become whole, one all-gather per
+        nn/module.py): those of ``params`` that are slices now become whole, one all-gather per
         bucket. They stay whole through backward, until the step slices them again."""
         todo = []
         for p in params:
