@@ -373,6 +373,24 @@ class DistTensor:
     def __xor__(self, o):
         return _ops().array_ufunc(np.bitwise_xor, "__call__", (self, o), {})
 
+    def __lshift__(self, o):
+        return _ops().array_ufunc(np.left_shift, "__call__", (self, o), {})
+
+    def __rlshift__(self, o):
+        return _ops().array_ufunc(np.left_shift, "__call__", (o, self), {})
+
+    def __rshift__(self, o):
+        return _ops().array_ufunc(np.right_shift, "__call__", (self, o), {})
+
+    def __rrshift__(self, o):
+        return _ops().array_ufunc(np.right_shift, "__call__", (o, self), {})
+
+    def __divmod__(self, o):
+        return _ops().array_ufunc(np.divmod, "__call__", (self, o), {})
+
+    def __rdivmod__(self, o):
+        return _ops().array_ufunc(np.divmod, "__call__", (o, self), {})
+
     def __eq__(self, o):
         return _ops().equal(self, o)  # type: ignore[override]
 

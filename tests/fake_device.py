@@ -213,6 +213,10 @@ FUNCTIONS = _names(
     "floor_divide mod remainder arctan2 equal not_equal less less_equal greater greater_equal "
     "logical_and logical_or logical_xor bitwise_and bitwise_or bitwise_xor invert left_shift "
     "right_shift where clip isclose allclose array_equal copyto "
+    # numpy's other ufuncs that CuPy documents (they have rules: ops/elementwise.py)
+    "arccos arcsin arccosh arcsinh arctanh cbrt copysign deg2rad degrees rad2deg radians "
+    "divmod exp2 fabs float_power fmax fmin fmod frexp heaviside hypot logaddexp logaddexp2 "
+    "modf nextafter signbit trunc gcd lcm ldexp "
     # reductions and scans
     "sum mean max min amax amin prod all any argmax argmin cumsum cumprod count_nonzero "
     # linear algebra

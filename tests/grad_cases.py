@@ -1298,3 +1298,104 @@ def layout_cases() -> list[GradCase]:
         ),
     ]
     return cases
+
+
+# -- numpy's ufuncs (tests/test_ufuncs.py) -----------------------------------------------------
+def ufunc_data(domain: str, shape, dtype, rng) -> np.ndarray:
+    """Values of ``domain`` for an argument: real, unit (inside (-1, 1)), above1, nonzero,
+    positive, small (integers near 0), shift (0 to 5), away (nonzero, off the integers)."""
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return rng.random(shape) < 0.5
+    if dtype.kind in "iu":
+        lo, hi = {"shift": (0, 6), "positive": (1, 10), "nonzero": (1, 10)}.get(domain, (-9, 10))
+        if dtype.kind == "u":
+            lo = max(lo, 0)
+        return rng.integers(lo, hi, shape).astype(dtype)
+    if domain == "unit":
+        v = rng.uniform(-0.95, 0.95, shape)
+    elif domain == "above1":
+        v = rng.uniform(1.05, 5.0, shape)
+    elif domain in ("nonzero", "positive", "away"):
+        v = rng.uniform(0.5, 4.0, shape)
+        if domain != "positive":
+            v *= rng.choice([-1.0, 1.0], shape)
+        if domain == "away":
+            v = np.trunc(v) + np.copysign(rng.uniform(0.2, 0.8, shape), v)
+    elif domain in ("small", "shift"):
+        v = rng.integers(-3, 4, shape).astype(np.float64)
+    else:
+        v = rng.normal(0.0, 3.0, shape)
+    return v.astype(dtype)
+
+
+def ufunc_cases() -> list[GradCase]:
+    """float64 arguments in each op's domain, away from its kinks and jumps (central
+    differences of step 1e-6 must not straddle one); numpy's entry points for the ops dt does
+    not export (np.fmod, np.float_power, np.ldexp) and for a few that it does."""
+    rng = np.random.default_rng(51)
+    shape = (5, 7)
+
+    def d(domain):
+        return ufunc_data(domain, shape, F64, rng)
+
+    y = d("nonzero")
+    q = y * (rng.integers(-3, 4, shape) + rng.uniform(0.2, 0.8, shape))  # x / y off integers
+    unary = {
+        **dict.fromkeys(("arccos", "arcsin", "arctanh"), "unit"),
+        "arccosh": "above1",
+        **dict.fromkeys(("arcsinh", "exp2", "deg2rad", "degrees", "rad2deg", "radians"), "real"),
+        **dict.fromkeys(("cbrt", "fabs"), "nonzero"),
+        "modf": "away",
+    }
+    cases = [
+        GradCase(n, getattr(dt, n), getattr(np, n), (d(dom),), (n,))
+        for n, dom in unary.items()
+    ]
+    cases += [
+        GradCase("np.arccos", np.arccos, np.arccos, (d("unit"),), ("arccos",)),
+        GradCase("np.cbrt", np.cbrt, np.cbrt, (d("nonzero"),), ("cbrt",)),
+    ]
+    binary = {
+        "hypot": (d("real"), d("real")),
+        "logaddexp": (d("real"), d("real")),
+        "logaddexp2": (d("real"), d("real")),
+        "copysign": (d("nonzero"), d("nonzero")),
+        "fmax": (d("real"), d("real")),
+        "fmin": (d("real"), d("real")),
+        "divmod": (q, y),
+    }
+    cases += [GradCase(n, getattr(dt, n), getattr(np, n), args, (n,)) for n, args in binary.items()]
+    for n, args in {
+        "fmod": (q, y),
+        "float_power": (d("positive"), rng.uniform(-2, 2, shape)),
+        "ldexp": (d("real"), rng.integers(-3, 4, shape)),
+    }.items():
+        cases.append(GradCase(f"np.{n}", getattr(np, n), getattr(np, n), args, (n,)))
+    cases += [
+        GradCase("np.hypot(x, row)", np.hypot, np.hypot, (d("real"), d("real")[0]), ("hypot",)),
+        GradCase(
+            "np.fmax(x, 0.5)",
+            lambda a: np.fmax(a, 0.5),
+            lambda a: np.fmax(a, 0.5),
+            (d("real"),),
+            ("fmax",),
+        ),
+        GradCase(
+            "np.ldexp(x, 3)",
+            lambda a: np.ldexp(a, 3),
+            lambda a: np.ldexp(a, 3),
+            (d("real"),),
+            ("ldexp",),
+        ),
+        GradCase(
+            "2.5 ** y (float_power)",
+            lambda b: np.float_power(2.5, b),
+            lambda b: np.float_power(2.5, b),
+            (d("real"),),
+            ("float_power",),
+        ),
+    ]
+    for c in cases:
+        c.grid = "light"
+    return cases

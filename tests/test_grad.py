@@ -28,6 +28,7 @@ from grad_cases import (
     scan_cases,
     shape_cases,
     softmax_cases,
+    ufunc_cases,
     unary_cases,
     where_cases,
 )
@@ -59,6 +60,7 @@ GROUPS = {
     "linalg": linalg_cases(),
     **{f"reduce-{n}": reduction_cases(n) for n in REDUCTIONS},
     "composites": composite_cases(),
+    "ufuncs": ufunc_cases(),  # numpy's ufuncs that gained rules (tests/test_ufuncs.py)
     "softmax": softmax_cases(),
     "scan": scan_cases(),
     "shape": shape_cases(),

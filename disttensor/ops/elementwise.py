@@ -20,7 +20,7 @@ import numpy as np
 from kernels import activations as act
 
 from .. import backend
-from ..dispatch import Op
+from ..dispatch import Op, apply
 
 UNARY = {
     "negative": np.negative,
@@ -81,6 +81,81 @@ BINARY = {
     "logical_or": np.logical_or,
     "logical_xor": np.logical_xor,
 }
+# The rest of numpy's ufuncs (Note [numpy's ufuncs]), exported as dt functions like the ops
+# above
+UFUNC_UNARY = {
+    "arcsinh": np.arcsinh,
+    "cbrt": np.cbrt,
+    "deg2rad": np.deg2rad,
+    "degrees": np.degrees,
+    "rad2deg": np.rad2deg,
+    "radians": np.radians,
+    "exp2": np.exp2,
+    "fabs": np.fabs,
+    "rint": np.rint,
+    "signbit": np.signbit,
+    "spacing": np.spacing,
+    "trunc": np.trunc,
+    "modf": np.modf,  # two outputs: (fractional part, integral part)
+    "frexp": np.frexp,  # two outputs: (mantissa, integer exponent)
+}
+UFUNC_BINARY = {
+    "copysign": np.copysign,
+    "fmax": np.fmax,
+    "fmin": np.fmin,
+    "heaviside": np.heaviside,
+    "hypot": np.hypot,
+    "logaddexp": np.logaddexp,
+    "logaddexp2": np.logaddexp2,
+    "nextafter": np.nextafter,
+    "divmod": np.divmod,  # two outputs: (floor_divide, mod)
+}
+UNARY.update(UFUNC_UNARY)
+BINARY.update(UFUNC_BINARY)
+# Exported too, but kept out of UNARY, whose test grids (tests/test_ops_elementwise.py,
+# tests/test_grad.py) draw their arguments from all the reals: these are NaN outside [-1, 1]
+# or [1, inf). tests/test_ufuncs.py tests them on their domains.
+INTERVAL_UNARY = {
+    "arccos": np.arccos,
+    "arccosh": np.arccosh,
+    "arcsin": np.arcsin,
+    "arctanh": np.arctanh,
+}
+# Ops that numpy's ufuncs (``np.bitwise_and(x, y)``, ``np.gcd``, ``np.fmod``, ...) and the
+# DistTensor operators (``& | ^ ~ << >>``) run, not exported as dt functions: numpy's integer
+# and bitwise ufuncs and ldexp (whose exponent is an integer) take no float tensor, which the
+# op list's gradient probe (disttensor/oplist.py) calls every dt function with; fmod and
+# float_power have gradients, and a BINARY op's are checked by tests/test_grad.py on arguments
+# from all the reals, where central differences of these fail (divisors near 0, negative
+# bases): tests/test_ufuncs.py checks them on their domains, through np.fmod and
+# np.float_power.
+NUMPY_ONLY = {
+    "bitwise_and": np.bitwise_and,
+    "bitwise_or": np.bitwise_or,
+    "bitwise_xor": np.bitwise_xor,
+    "invert": np.invert,  # np.bitwise_not and np.bitwise_invert are this ufunc
+    "bitwise_count": np.bitwise_count,
+    "left_shift": np.left_shift,  # np.bitwise_left_shift
+    "right_shift": np.right_shift,  # np.bitwise_right_shift
+    "gcd": np.gcd,
+    "lcm": np.lcm,
+    "ldexp": np.ldexp,
+    "fmod": np.fmod,
+    "float_power": np.float_power,
+}
+# Note [numpy's ufuncs]
+#     Every ufunc of numpy runs an op with a rule on DistTensors (tests/test_ufuncs.py checks
+#     it for the installed numpy), except those listed there: numpy's aliases (np.acos,
+#     np.bitwise_not, np.pow, ...) are the same ufunc objects, so they run the same op
+#     (ops/numpy_interop.py). The ops of UFUNC_UNARY, UFUNC_BINARY, INTERVAL_UNARY and
+#     NUMPY_ONLY are numpy's ufuncs as kernels with pointwise rules (spmd/rules.py), under
+#     numpy's dtype rules: before anything moves, the ufunc runs on 0-d stand-ins of the
+#     operands' dtypes (the Python scalars as they are), so a dtype numpy refuses
+#     (``np.bitwise_and`` of floats, ``np.ldexp`` with a float exponent, a Python int out of
+#     the range of an int8 tensor) raises numpy's own error on every rank before any
+#     collective. divmod, modf and frexp return a tuple of DistTensors, each laid out as the
+#     op's output. The gufuncs np.vecdot, np.matvec and np.vecmat run dt.einsum
+#     (ops/numpy_interop.py).
 
 
 # Gradients of unary ops as one kernel each (ops/gradients.py), from the gradient g and the
@@ -118,10 +193,61 @@ DEVICE = {
     "relu_grad": _activation("relu_backward"),
 }
 
+# Note [numpy's ufuncs]: _Checked ops
+_CHECKED = {*UFUNC_UNARY, *UFUNC_BINARY, *INTERVAL_UNARY, *NUMPY_ONLY}
+
+
+def _xp_function(name: str):
+    """The device kernel factory of a numpy ufunc: the array module's function of that name,
+    or the backend's NotImplementedError naming the op where the module has none."""
+
+    def factory(be):
+        f = getattr(be.xp, name, None)
+        if f is None:
+            raise backend.unsupported(repr(name), be)
+        return f
+
+    return factory
+
+
+_STAND_INS: dict[np.dtype, np.ndarray] = {}
+
+
+def _stand_in(a):
+    """A 0-d array of ``a``'s dtype for a DistTensor or an array (device ones too); other
+    arguments (Python and numpy scalars, lists) as they are."""
+    dtype = getattr(a, "dtype", None)
+    if dtype is None or isinstance(a, np.generic):
+        return a
+    s = _STAND_INS.get(dtype)
+    if s is None:
+        s = np.zeros((), dtype)
+        s.flags.writeable = False  # an extra argument is a ufunc's ``out``: numpy refuses it
+        _STAND_INS[dtype] = s
+    return s
+
+
+class _Checked(Op):
+    """A numpy ufunc's op that runs numpy's dtype rules before dispatch (Note [numpy's
+    ufuncs]): numpy's TypeError (or OverflowError) on every rank, before anything moves."""
+
+    def __call__(self, *args, **attrs):
+        with np.errstate(all="ignore"):
+            self.kernel(*map(_stand_in, args), **attrs)  # raises where numpy raises
+        return apply(self, args, attrs)
+
+
+def _op(name: str, kernel) -> Op:
+    if name in _CHECKED:
+        return _Checked(name, kernel, rule=name, device=_xp_function(name))
+    return Op(name, kernel, rule=name, device=DEVICE.get(name, name))
+
+
 OPS: dict[str, Op] = {
-    name: Op(name, k, rule=name, device=DEVICE.get(name, name))
-    for name, k in {**UNARY, **BINARY}.items()
+    name: _op(name, k) for name, k in {**UNARY, **BINARY, **INTERVAL_UNARY}.items()
 }
+# the ops of NUMPY_ONLY (not exported; run by numpy's ufuncs and the operators)
+NUMPY_ONLY_OPS: dict[str, Op] = {name: _op(name, k) for name, k in NUMPY_ONLY.items()}
 GRAD_OPS: dict[str, Op] = {
     name: Op(name, k, rule=name, device=DEVICE[name]) for name, k in UNARY_GRAD.items()
 }
@@ -171,10 +297,15 @@ def _public(name: str):
 
     f.__name__ = f.__qualname__ = name
     f.__doc__ = f"Elementwise ``{name}`` with numpy semantics, on any placements."
+    if name in _TWO_OUTPUTS:
+        f.__doc__ += " Returns two DistTensors, both laid out as the op's output."
     return f
 
 
-for _name in (*UNARY, *BINARY):
+_TWO_OUTPUTS = {"divmod", "modf", "frexp"}
+
+
+for _name in (*UNARY, *BINARY, *INTERVAL_UNARY):
     globals()[_name] = _public(_name)
 
-__all__ = [*UNARY, *BINARY, "where", "clip", "astype"]
+__all__ = [*UNARY, *BINARY, *INTERVAL_UNARY, "where", "clip", "astype"]

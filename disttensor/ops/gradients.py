@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import backend
+from .. import backend, creation
 from ..autograd import NOT_DIFFERENTIABLE, GradContext, gradient
 from ..spec import DistSpec
 from ..spmd.core import parse_equation
@@ -31,7 +31,7 @@ from . import linalg as la
 from . import nn
 from . import reduction as red
 from . import shape as sh
-from .elementwise import GRAD_OPS
+from .elementwise import GRAD_OPS, NUMPY_ONLY_OPS
 from .elementwise import OPS as EW
 
 # Outputs of these are constants for autograd: integer or bool results, or a gradient that is
@@ -44,6 +44,15 @@ NOT_DIFFERENTIABLE.update(
         "logical_and", "logical_or", "logical_xor",
         "argmax", "argmin", "all", "any",
         "imag",  # real-valued tensors only: its gradient is zero
+        "rint", "trunc", "spacing", "heaviside",  # piecewise constant
+        # x moved by one unit in the last place: a probe of the float grid, not a function to
+        # differentiate through (PyTorch gives it no gradient either)
+        "nextafter",
+        "signbit",  # bool results
+        "frexp",  # an integer exponent among its outputs (dispatch records no such op)
+        # integer results (numpy's integer and bitwise ufuncs: ops/elementwise.py NUMPY_ONLY)
+        "bitwise_and", "bitwise_or", "bitwise_xor", "invert", "bitwise_count",
+        "left_shift", "right_shift", "gcd", "lcm",
     }
 )  # fmt: skip
 
@@ -112,13 +121,26 @@ _UNARY = {  # d out / d x from (x, out)
     "sinh": lambda x, o: EW["cosh"](x),
     "cosh": lambda x, o: EW["sinh"](x),
     "abs": lambda x, o: EW["sign"](x),
+    "fabs": lambda x, o: EW["sign"](x),
+    "arcsin": lambda x, o: EW["rsqrt"](1 - x * x),
+    "arccos": lambda x, o: -EW["rsqrt"](1 - x * x),
+    "arcsinh": lambda x, o: EW["rsqrt"](x * x + 1),
+    "arccosh": lambda x, o: EW["rsqrt"](x * x - 1),
+    "arctanh": lambda x, o: 1 / (1 - x * x),
+    "cbrt": lambda x, o: 1 / (o * o * 3),
+    "exp2": lambda x, o: o * _LN2,
 }
 
 
 # the derivatives above written in the output alone, and in both (the rest: the input alone);
 # Note [What a node keeps]
-_OF_OUTPUT = {"exp", "expm1", "sqrt", "reciprocal", "tan"}
+_OF_OUTPUT = {"exp", "expm1", "sqrt", "reciprocal", "tan", "cbrt", "exp2"}
 _OF_BOTH = {"rsqrt"}
+
+
+# defined on an interval: outside it the output is NaN (numpy warned in the forward pass) and
+# so is the derivative, computed without a second warning
+_INTERVAL = {"arcsin", "arccos", "arccosh", "arctanh"}
 
 
 def _unary(name: str):
@@ -128,7 +150,11 @@ def _unary(name: str):
     def grad(ctx: GradContext, g):
         return (mul(g, deriv(ctx.args[0], ctx.out if of_output else None)),)
 
-    return grad
+    def quiet(ctx: GradContext, g):
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return grad(ctx, g)
+
+    return quiet if name in _INTERVAL else grad
 
 
 for _name in _UNARY:
@@ -176,6 +202,20 @@ def _sigmoid_grad(ctx, gg):  # of g * o (1 - o)
 @gradient("negative", reads_values=False)
 def _negative(ctx, g):
     return (-g,)
+
+
+def _scaled(c: float):
+    """The gradient of ``x * c``: deg2rad and radians, rad2deg and degrees (numpy has both)."""
+    return lambda ctx, g: (mul(g, c),)
+
+
+gradient("deg2rad", "radians", reads_values=False)(_scaled(math.pi / 180))
+gradient("rad2deg", "degrees", reads_values=False)(_scaled(180 / math.pi))
+
+
+@gradient("modf", reads_values=False)
+def _modf(ctx, gs):  # (fractional, integral) part: d/dx 1 and 0, except at the integers
+    return (gs[0],)
 
 
 @gradient("positive", "conjugate", "real", reads_values=False)
@@ -283,12 +323,85 @@ def _extreme_binary(first_wins):
 
 gradient("maximum")(_extreme_binary(lambda x, y: EW["greater"](x, y)))
 gradient("minimum")(_extreme_binary(lambda x, y: EW["less"](x, y)))
+# fmax/fmin drop a NaN: the other argument wins there
+gradient("fmax")(
+    _extreme_binary(lambda x, y: EW["logical_or"](EW["greater"](x, y), EW["isnan"](y)))
+)
+gradient("fmin")(_extreme_binary(lambda x, y: EW["logical_or"](EW["less"](x, y), EW["isnan"](y))))
 
 
 @gradient("mod")
 def _mod(ctx, g):
     x, y = ctx.args[:2]
     return _binary(ctx, lambda: g, lambda: -mul(g, EW["floor_divide"](x, y)))
+
+
+@gradient("fmod")
+def _fmod(ctx, g):  # x - trunc(x / y) * y, whose quotient is exactly (x - out) / y
+    x, y = ctx.args[:2]
+    return _binary(ctx, lambda: g, lambda: -mul(g, EW["rint"](div(sub(x, ctx.out), y))))
+
+
+@gradient("divmod")
+def _divmod(ctx, gs):  # (floor_divide, mod): the quotient is piecewise constant
+    gr, q = gs[1], ctx.out[0]
+    return _binary(ctx, lambda: gr, lambda: -mul(gr, q))
+
+
+@gradient("float_power")
+def _float_power(ctx, g):
+    """As power's, in float64; d/dy is out * log(x): NaN for x < 0 (no real power near
+    there), 0 at x = 0 (as power's)."""
+    x, y = ctx.args[:2]
+
+    def gx():
+        d = mul(y, NUMPY_ONLY_OPS["float_power"](x, sub(y, 1)))
+        return where(EW["equal"](y, 0), 0, mul(g, d))
+
+    def gy():
+        zero = EW["equal"](x, 0)
+        return where(zero, 0, mul(g, mul(ctx.out, EW["log"](where(zero, 1, x)))))
+
+    return _binary(ctx, gx, gy)
+
+
+@gradient("copysign", reads="inputs")
+def _copysign(ctx, g):  # |x| with y's sign: d/dx sign(x), flipped where y's sign bit is set
+    x, y = ctx.args[:2]
+
+    def gx():
+        gs = mul(g, EW["sign"](x))
+        return where(EW["signbit"](y), -gs, gs)
+
+    return _binary(ctx, gx, lambda: creation.zeros_like(y))  # y's sign only: zero
+
+
+@gradient("hypot")
+def _hypot(ctx, g):
+    x, y = ctx.args[:2]
+    return _binary(ctx, lambda: div(mul(g, x), ctx.out), lambda: div(mul(g, y), ctx.out))
+
+
+def _logaddexp(exp):
+    """logaddexp(x, y) = log(exp(x) + exp(y)): d/dx exp(x - out) (exp2 for logaddexp2)."""
+
+    def grad(ctx, g):
+        x, y = ctx.args[:2]
+        return _binary(
+            ctx, lambda: mul(g, exp(sub(x, ctx.out))), lambda: mul(g, exp(sub(y, ctx.out)))
+        )
+
+    return grad
+
+
+gradient("logaddexp")(_logaddexp(EW["exp"]))
+gradient("logaddexp2")(_logaddexp(EW["exp2"]))
+
+
+@gradient("ldexp", reads="inputs")
+def _ldexp(ctx, g):  # x * 2**i: d/dx 2**i; the exponent i is an integer (no gradient)
+    x, i = ctx.args[:2]
+    return (_sum_to(NUMPY_ONLY_OPS["ldexp"](g, i), _shape(x)) if ctx.needs[0] else None, None)
 
 
 @gradient("arctan2")

@@ -36,8 +36,8 @@ from . import linalg as la
 from . import mutation
 from . import reduction as red
 from . import shape as sh
+from .elementwise import NUMPY_ONLY_OPS, DtypeRefused
 from .elementwise import OPS as EW
-from .elementwise import DtypeRefused
 from .elementwise import astype as _astype
 from .elementwise import clip as _clip
 from .ndarray import (
@@ -429,17 +429,20 @@ def implemented_by(func: Any) -> str | None:
         return "matmul"
     if isinstance(func, np.ufunc):
         op = _UFUNCS.get(func)
-        return None if op is None else op.name
+        if op is None:
+            return func.__name__ if func in _GUFUNCS else None
+        return op.name
     entry = NUMPY_TABLE.get(func)
     return None if entry is None else entry.name
 
 
 # Both tables are keyed by numpy's function objects (Note [numpy functions by identity]): a
-# function of the same name elsewhere (np.emath.sqrt) is not dt's.
+# function of the same name elsewhere (np.emath.sqrt) is not dt's. numpy's aliases of a ufunc
+# (np.acos, np.bitwise_not, np.pow, np.conj, ...) are the ufunc itself: the same op.
 
 _NUMPY_NAMES = {"abs": "absolute", "mod": "remainder"}  # dt op -> numpy ufunc, where they differ
 _UFUNCS = {}  # numpy ufunc -> the dt op of its calls
-for _op_name, _op in EW.items():
+for _op_name, _op in {**EW, **NUMPY_ONLY_OPS}.items():
     _ufunc = getattr(np, _NUMPY_NAMES.get(_op_name, _op_name), None)
     if isinstance(_ufunc, np.ufunc):
         _UFUNCS.setdefault(_ufunc, _op)  # np.divide is np.true_divide: the first name wins
@@ -451,6 +454,57 @@ _REDUCE = {  # numpy ufunc -> the dt reduction of its .reduce
     np.logical_and: red.all,
     np.logical_or: red.any,
 }
+_BOOL_REDUCE = {np.bitwise_and: red.all, np.bitwise_or: red.any}  # .reduce of bool tensors
+# numpy ufunc -> the dt scan of its .accumulate (ops/scan.py, which imports this module), with
+# numpy's dtypes
+_ACCUMULATE = {np.add: "cumsum", np.multiply: "cumprod"}
+
+
+# -- gufuncs with a core dimension: einsum ---------------------------------------------------
+def _vecdot(x1, x2):
+    """``np.vecdot(x1, x2)``: sum(conj(x1) * x2) over the last axis, batch axes broadcast."""
+    return la.einsum("...i,...i->...", _conj(x1), x2)
+
+
+def _matvec(x1, x2):
+    """``np.matvec(x1, x2)``: (..., m, n) matrices times (..., n) vectors."""
+    return la.einsum("...mn,...n->...m", x1, x2)
+
+
+def _vecmat(x1, x2):
+    """``np.vecmat(x1, x2)``: conj of (..., n) vectors times (..., n, m) matrices."""
+    return la.einsum("...n,...nm->...m", _conj(x1), x2)
+
+
+def _conj(x):
+    return EW["conjugate"](x) if x.dtype.kind == "c" else x
+
+
+_GUFUNCS = {np.vecdot: _vecdot, np.matvec: _matvec, np.vecmat: _vecmat}
+
+
+def _gufunc_call(ufunc: np.ufunc, inputs: tuple, kwargs: dict) -> Any:
+    """np.vecdot/matvec/vecmat as einsum (whose rule splits batch axes and contracts a split
+    core axis into a Partial sum), or None for the fallback: operands that are not arrays or
+    DistTensors, keyword arguments (``axes=``; ``axis=-1`` of vecdot is its default), and
+    shapes numpy refuses (so the fallback raises numpy's own error)."""
+    kw = dict(kwargs)
+    if ufunc is np.vecdot and kw.get("axis", -1) == -1:
+        kw.pop("axis", None)
+    if kw or len(inputs) != 2 or not all(isinstance(a, (DistTensor, np.ndarray)) for a in inputs):
+        return None
+    sx, sy = inputs[0].shape, inputs[1].shape
+    core = _CORE[ufunc]  # (core axes of x1, of x2, the contracted axis in each)
+    if len(sx) < core[0] or len(sy) < core[1] or sx[core[2]] != sy[core[3]]:
+        return None
+    try:
+        np.broadcast_shapes(sx[: len(sx) - core[0]], sy[: len(sy) - core[1]])
+    except ValueError:
+        return None
+    return _GUFUNCS[ufunc](*inputs)
+
+
+_CORE = {np.vecdot: (1, 1, -1, -1), np.matvec: (2, 1, -1, -1), np.vecmat: (1, 2, -1, -2)}
 
 
 def _display(func) -> str:
@@ -462,9 +516,28 @@ def _display(func) -> str:
 
 
 def array_ufunc(ufunc, method, inputs, kwargs):
-    """``__array_ufunc__``: ufunc calls and reductions through the op set, else the fallback;
-    ``out=`` (a DistTensor or a numpy array) is written as numpy does (ops/mutation.py), and
-    ``ufunc.at`` writes into a DistTensor in place."""
+    """``__array_ufunc__``: ufunc calls and methods through the op set, else the fallback;
+    ``out=`` (a DistTensor or a numpy array) is written as numpy does (ops/mutation.py).
+
+    * ``__call__``: every ufunc's op (Note [numpy's ufuncs] in ops/elementwise.py), np.matmul's
+      and the gufuncs np.vecdot, np.matvec and np.vecmat as dt.einsum; keyword arguments
+      (``dtype=``, ``where=``, ``casting=``, ...) take the fallback;
+    * ``reduce``: np.add, np.multiply, np.maximum, np.minimum, np.logical_and and
+      np.logical_or as dt.sum, dt.prod, dt.max, dt.min, dt.all and dt.any, and
+      np.bitwise_and/np.bitwise_or of bool tensors as dt.all/dt.any (``axis=`` and
+      ``keepdims=``); every other ufunc's reduce takes the fallback;
+    * ``accumulate``: np.add and np.multiply as dt.cumsum and dt.cumprod along ``axis`` (0 by
+      default; the same dtypes as numpy's); the others take the fallback;
+    * ``outer``: ``f.outer(a, b)`` of DistTensors and arrays is ``f(a[..., None, ...], b)``
+      (as numpy computes it), the op's pointwise rule on a reshaped ``a``: ``a``'s axes keep
+      their splits, ``b``'s too where no mesh dim splits both; scalars, keyword arguments and
+      gufuncs take the fallback;
+    * ``reduceat``: the fallback;
+    * ``at``: writes into a DistTensor in place (numpy's unbuffered write on the gathered
+      value, assigned back: ``ufunc_at``).
+
+    The fallback gathers the inputs and computes numpy's own result (or raises numpy's own
+    error) on every rank, counted (Note [Communication outside rules])."""
     if kwargs.get("out") is not None:
         kwargs = dict(kwargs)
         out = kwargs.pop("out")
@@ -486,8 +559,16 @@ def array_ufunc(ufunc, method, inputs, kwargs):
         name = ufunc.__name__
         if op is not None:
             reason = _not_taken(kwargs)
+        if ufunc in _GUFUNCS:
+            result = _gufunc_call(ufunc, inputs, kwargs)
+            if result is not None:
+                return result
+            if kwargs:
+                reason = _not_taken(kwargs)
     if method == "reduce" and len(inputs) == 1:
         ours = _REDUCE.get(ufunc)
+        if ours is None and getattr(inputs[0], "dtype", None) == np.bool_:
+            ours = _BOOL_REDUCE.get(ufunc)
         kw = dict(kwargs)
         axis = kw.pop("axis", 0)
         keepdims = kw.pop("keepdims", False)
@@ -495,6 +576,24 @@ def array_ufunc(ufunc, method, inputs, kwargs):
             return ours(inputs[0], axis, keepdims)
         if ours is not None:
             reason = _not_taken(kw)
+    if method == "accumulate" and len(inputs) == 1 and ufunc in _ACCUMULATE:
+        x, kw = inputs[0], dict(kwargs)
+        axis = kw.pop("axis", 0)
+        if isinstance(x, DistTensor) and x.ndim and isinstance(axis, (int, np.integer)) and not kw:
+            from . import scan
+
+            return getattr(scan, _ACCUMULATE[ufunc])(x, axis)
+        if kw:
+            reason = _not_taken(kw)
+    if method == "outer" and len(inputs) == 2 and ufunc.nin == 2:
+        op = _UFUNCS.get(ufunc)
+        a, b = inputs
+        arrays = all(isinstance(v, (DistTensor, np.ndarray)) for v in inputs)
+        if op is not None and arrays and not kwargs:
+            shape = tuple(a.shape) + (1,) * b.ndim
+            return op(sh.reshape(a, shape) if isinstance(a, DistTensor) else a.reshape(shape), b)
+        if op is not None and kwargs:
+            reason = _not_taken(kwargs)
     if method == "at" and isinstance(inputs[0], DistTensor):
         return ufunc_at(ufunc, inputs, kwargs)
     if reason is None:

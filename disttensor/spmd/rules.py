@@ -61,6 +61,26 @@ POINTWISE: dict[str, Any] = {
     "isnan": None,
     "isfinite": None,
     "isinf": None,
+    "arccos": None,
+    "arccosh": None,
+    "arcsin": None,
+    "arcsinh": None,
+    "arctanh": None,
+    "cbrt": None,
+    "deg2rad": "linear",  # x * (pi / 180)
+    "degrees": "linear",
+    "rad2deg": "linear",
+    "radians": "linear",
+    "exp2": None,
+    "fabs": None,
+    "rint": None,
+    "signbit": None,
+    "spacing": None,
+    "trunc": None,
+    "modf": None,  # two outputs (_OUTPUTS)
+    "frexp": None,  # two outputs
+    "invert": None,  # ~x is -x - 1 on integers: affine, not linear
+    "bitwise_count": None,
     # binary and ternary, with broadcasting
     "add": "linear",
     "subtract": "linear",
@@ -82,6 +102,25 @@ POINTWISE: dict[str, Any] = {
     "logical_and": None,
     "logical_or": None,
     "logical_xor": None,
+    "copysign": None,
+    "float_power": None,
+    "fmax": None,
+    "fmin": None,
+    "fmod": None,
+    "heaviside": None,
+    "hypot": None,
+    "logaddexp": None,
+    "logaddexp2": None,
+    "nextafter": None,
+    "divmod": None,  # two outputs (_OUTPUTS)
+    "ldexp": (0,),  # x * 2**i: linear in x
+    "bitwise_and": None,
+    "bitwise_or": None,
+    "bitwise_xor": None,
+    "left_shift": None,
+    "right_shift": None,
+    "gcd": None,
+    "lcm": None,
     "where": (1, 2),  # where(c, x, y) is linear in x and y jointly
     # fused gradients of unary ops (ops/elementwise.py UNARY_GRAD): linear in the gradient
     "tanh_grad": (0,),
@@ -91,6 +130,7 @@ POINTWISE: dict[str, Any] = {
     "relu_grad": (0,),
 }
 _JOINT = {"where"}
+_OUTPUTS = {"divmod": 2, "modf": 2, "frexp": 2}  # ufuncs with several outputs, each laid out alike
 _LINEAR = {"sum", "avg"}  # multilinear entries that are in fact jointly linear
 
 # Note [Partial max/min through monotone ops]
@@ -103,11 +143,15 @@ _LINEAR = {"sum", "avg"}  # multilinear entries that are in fact jointly linear
 #     sqrt, power are not; nor is x + r: -inf + inf is NaN where the true sum is inf.
 #     maximum of two Partial(max) tensors is Partial(max) (the max of all of them), minimum of
 #     two Partial(min) likewise, and where(c, x, y) of Partial x and y with c Replicate.
+#     fmax and fmin are not listed: they drop a NaN, so a rank's NaN that poisons the max of
+#     the ranks' values would be dropped instead.
 MONOTONE: dict[str, int] = {  # +1 non-decreasing, -1 non-increasing, in its tensor arguments
     **dict.fromkeys(
         ("positive", "exp", "expm1", "tanh", "sigmoid", "arctan", "sinh", "relu", "sign"), 1
     ),
     **dict.fromkeys(("floor", "ceil", "round", "clip", "maximum", "minimum", "where"), 1),
+    **dict.fromkeys(("cbrt", "arcsinh", "exp2", "trunc", "rint", "logaddexp", "logaddexp2"), 1),
+    **dict.fromkeys(("deg2rad", "degrees", "rad2deg", "radians"), 1),
     "negative": -1,
 }
 _MONOTONE_ARGS = {"where": (1, 2)}  # where(c, x, y): monotone in x and y, never in c
@@ -183,7 +227,9 @@ def pointwise_rule(name: str):
                 options["linear_in"] = tensors
         if patterns:
             options["partial_patterns"] = patterns
-        return einsum_result(subs, out, specs, mesh_shape, **options)
+        res = einsum_result(subs, out, specs, mesh_shape, **options)
+        n = _OUTPUTS.get(name, 1)
+        return res if n == 1 else RuleResult(res.inputs, res.outputs * n, res.shapes * n)
 
     return rule
 
