@@ -409,7 +409,24 @@ class DistTensor:
     def __ge__(self, o):
         return _EW["greater_equal"](self, o)
 
-    __hash__ = None  # type: ignore[assignment]  # == is elementwise, as in numpy
+    def __hash__(self) -> int:
+        """A 0-d tensor hashes as its value, as numpy's scalars do, so an element works as a
+        ``set`` member or a ``dict`` key (``set(y[idx])``, ``Counter(labels)``): locally when
+        it is Replicate (an element read with ``x[i]``, iteration, a reduction's result
+        after use), collectively when it is Partial. Like a numpy scalar's hash, it is the
+        value's now: write into the tensor afterwards and the set does not know. Any other
+        shape is unhashable, as numpy's arrays are (``==`` is elementwise)."""
+        spec = self._spec
+        if spec.shape:
+            raise TypeError(
+                f"unhashable type: 'DistTensor' of shape {spec.shape} (numpy arrays are not "
+                "hashable either); a 0-d one hashes by value: x[i], or tuple(x.tolist()) "
+                "for the whole value"
+            )
+        local = self._local
+        if local.size == 1 and all(p.is_replicate() for p in spec.placements):
+            return hash(local.item())
+        return hash(self.item())
 
     # numpy's signatures; extra arguments (dtype=, out=, where=, ...) go through numpy's
     # function and __array_function__ (ops/numpy_interop.py: an op, else the exact fallback)
