@@ -30,7 +30,11 @@ The programs:
   into a numpy array; ``np.clip(p, lo, hi, out=p)`` before the log loss;
 - ``kmeans``: Lloyd's algorithm, ``np.argmin`` of the distances and a centroid loop with a
   boolean mask selection;
-- ``power_iteration``: the dominant eigenpair of a symmetric matrix, ``v /= np.linalg.norm(v)``.
+- ``power_iteration``: the dominant eigenpair of a symmetric matrix, ``v /= np.linalg.norm(v)``;
+- ``knn_predict``: CS231n's k-nearest-neighbour classifier, its vote over ``set(closest_y)``
+  and a dict keyed by the labels (elements of a DistTensor work as numpy's scalars);
+- ``game_of_life``: Conway's rules with ``np.roll`` and ``&``, ``|`` on a boolean board split
+  by rows (or blocks), which stays split, each generation moving only the halo rows.
 """
 
 from __future__ import annotations
@@ -157,6 +161,56 @@ def power_iteration(A, v, steps=30):
 
 
 # -- their inputs (global arrays, the same on every rank) ---------------------------------------
+def knn_predict(X_train, y_train, X_test, k=5):
+    """CS231n's k-nearest-neighbour classifier: the distance matrix without loops, then a
+    vote among the k closest training labels of each test point (the most votes, the
+    smallest label on a tie)."""
+    dists = np.sqrt(
+        np.maximum(
+            np.sum(X_test**2, axis=1)[:, None]
+            + np.sum(X_train**2, axis=1)[None, :]
+            - 2 * X_test @ X_train.T,
+            0.0,
+        )
+    )
+    y_pred = np.zeros(X_test.shape[0])
+    for i in range(X_test.shape[0]):
+        closest_y = y_train[np.argsort(dists[i])[:k]]
+        votes = {label: 0 for label in set(closest_y)}
+        for label in closest_y:
+            votes[label] += 1
+        y_pred[i] = min(votes, key=lambda c: (-votes[c], c))
+    return {"dists": dists, "y_pred": y_pred}
+
+
+def game_of_life(board, steps=4):
+    """Conway's Game of Life on a torus: neighbours counted with np.roll, the rules with & and
+    |."""
+    for _ in range(steps):
+        neighbours = sum(
+            np.roll(np.roll(board, i, axis=0), j, axis=1)
+            for i in (-1, 0, 1)
+            for j in (-1, 0, 1)
+            if (i, j) != (0, 0)
+        )
+        board = (neighbours == 3) | (board & (neighbours == 2))
+    return {"board": board, "alive": board.sum()}
+
+
+def knn_inputs() -> dict:
+    """Three clusters of 5-D points, 43 for training (uneven shards) and 9 to classify."""
+    rng = np.random.default_rng(8)
+    centers = 3.0 * rng.standard_normal((3, 5))
+    labels = rng.integers(0, 3, 52)
+    points = centers[labels] + rng.standard_normal((52, 5))
+    return {"X_train": points[:43], "y_train": labels[:43], "X_test": points[43:]}
+
+
+def life_inputs() -> dict:
+    """A 37 x 29 board, a third of it alive."""
+    return {"board": np.random.default_rng(9).random((37, 29)) < 0.33}
+
+
 def spiral_inputs() -> dict:
     """CS231n's spiral: 3 classes of points on arms, 101 points, a 16-unit hidden layer."""
     rng = np.random.default_rng(0)
@@ -291,6 +345,28 @@ PROGRAMS = (
             Layout("rows", rows_mesh, {"X": [S0]}),
             # points by rows over "dp", coordinates over "mp"; centroids replicated
             Layout("points x coords", grid_mesh, {"X": [S0, S1], "centroids": [R, R]}),
+        ),
+    ),
+    Program(
+        "knn_predict",
+        knn_predict,
+        knn_inputs,
+        (
+            Layout("train by rows", rows_mesh, {"X_train": [S0], "y_train": [S0]}),
+            Layout(
+                "train and test by rows",
+                rows_mesh,
+                {"X_train": [S0], "y_train": [S0], "X_test": [S0]},
+            ),
+        ),
+    ),
+    Program(
+        "game_of_life",
+        game_of_life,
+        life_inputs,
+        (
+            Layout("rows", rows_mesh, {"board": [S0]}),
+            Layout("blocks", grid_mesh, {"board": [S0, S1]}),
         ),
     ),
     Program(

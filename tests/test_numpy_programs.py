@@ -356,3 +356,27 @@ def _progress_line() -> str:
 
 def test_a_scalar_result_formats_like_numpy():
     assert dt.simulate(2, _progress_line) == ["iteration 0: loss 2.0000"] * 2
+
+
+# -- game_of_life ------------------------------------------------------------------------------
+def _life(layout_name: str):
+    prog = PROGRAMS["game_of_life"]
+    a = npg.shard_inputs(prog, layout(prog.name, layout_name))
+    with dt.CommCounter() as cc:
+        out = prog.fn(**a, steps=3)
+    return cc.counts, cc.bytes, out["board"].placements, out["board"].numpy()
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_game_of_life_stays_split_with_halo_traffic(n):
+    """The board keeps its row split through every generation, and each generation moves
+    only halo rows: np.roll by one row sends one row to each neighbour (8 rolls, 3 of them
+    along the split axis each generation), far less than the board."""
+    prog = PROGRAMS["game_of_life"]
+    want = prog.fn(**prog.inputs(), steps=3)["board"]
+    board = prog.inputs()["board"]
+    for counts, nbytes, placements, got in dt.simulate(n, _life, "rows"):
+        assert set(counts) <= {"send"}, counts
+        assert sum(nbytes.values()) <= 3 * 6 * board.shape[1] * 8, nbytes  # rows of int64 at most
+        assert list(placements) == [dt.Shard(0)], placements
+        np.testing.assert_array_equal(got, want)
