@@ -1236,10 +1236,9 @@ def reshard(x: DistTensor, mesh: ProcessMesh, placements: Sequence[Placement]) -
 MEMO_GATHER_BYTES = 8 << 20
 
 
-def moved(x: DistTensor, dst: DistSpec, chain: tuple | None = None) -> Any:
-    """This rank's local array of ``x`` in layout ``dst`` (collective, the first time;
-    Note [One move per tensor]). ``chain``: the specs to reshard through, ending with
-    ``dst`` (default: ``dst`` alone)."""
+def remembered(x: DistTensor, dst: DistSpec) -> Any:
+    """The local array of ``x`` in layout ``dst`` that an earlier move left and that is still
+    good (Note [One move per tensor]), else None; no communication."""
     memo = getattr(x, "_moved", None)
     if memo is not None:
         hit = memo.get(dst)
@@ -1251,6 +1250,17 @@ def moved(x: DistTensor, dst: DistSpec, chain: tuple | None = None) -> Any:
                 and autograd.version(out) == out_version
             ):
                 return out
+    return None
+
+
+def moved(x: DistTensor, dst: DistSpec, chain: tuple | None = None) -> Any:
+    """This rank's local array of ``x`` in layout ``dst`` (collective, the first time;
+    Note [One move per tensor]). ``chain``: the specs to reshard through, ending with
+    ``dst`` (default: ``dst`` alone)."""
+    out = remembered(x, dst)
+    if out is not None:
+        return out
+    memo = getattr(x, "_moved", None)
     spec = x._spec
     if chain is None or len(chain) == 1:
         how = _reshard.move(spec, dst)
