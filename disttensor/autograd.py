@@ -522,16 +522,54 @@ def queue_callback(fn: Callable[[], None]) -> None:
 # runs each distinct finisher registered for those parameters once; whoever drops them
 # (``zero_grad``) calls ``finish_grads(params, drop=True)``, so the finisher can forget what
 # it accumulated without communicating. A finisher is held weakly: a dropped wrapper stops.
-_finishers: dict[int, tuple[Any, Any]] = {}  # id(param) -> (weakref to param, WeakMethod)
+class ParamMethods:
+    """Per parameter, the bound method of the object that serves it (a DataParallel's
+    finisher, a sharded optimizer's gather), both held weakly: an entry goes when either
+    is dropped. Keyed by id, checked against the parameter itself."""
+
+    __slots__ = ("_by_id",)
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, tuple[Any, Any]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._by_id)
+
+    def set(self, param: Any, method: Any) -> None:
+        """``method`` serves ``param`` from now on (None: nothing does)."""
+        if method is None:
+            self._by_id.pop(id(param), None)
+        else:
+            self._by_id[id(param)] = (weakref.ref(param), weakref.WeakMethod(method))
+
+    def get(self, param: Any) -> Any:
+        """The live bound method serving ``param``, or None."""
+        hit = self._by_id.get(id(param))
+        if hit is None or hit[0]() is not param:
+            return None
+        fn = hit[1]()
+        if fn is None:
+            del self._by_id[id(param)]
+        return fn
+
+    def by_owner(self, params: Sequence[Any]) -> dict[int, tuple[Any, list]]:
+        """id(owner) -> (its method, the ones of ``params`` it serves), in the order of
+        ``params`` (each owner once)."""
+        out: dict[int, tuple[Any, list]] = {}
+        for p in params:
+            fn = self.get(p)
+            if fn is not None:
+                out.setdefault(id(fn.__self__), (fn, []))[1].append(p)
+        return out
+
+
+_finishers = ParamMethods()  # Note [Gradient finishers]
 
 
 def set_grad_finisher(param: Any, method: Any) -> None:
     """Register the bound method ``method(drop: bool)`` that finishes the gradient of
     ``param`` before it is used (Note [Gradient finishers]); None removes it."""
-    if method is None:
-        _finishers.pop(id(param), None)
-    else:
-        _finishers[id(param)] = (weakref.ref(param), weakref.WeakMethod(method))
+    _finishers.set(param, method)
 
 
 def finish_grads(params: Sequence[Any], drop: bool = False) -> None:
@@ -539,17 +577,8 @@ def finish_grads(params: Sequence[Any], drop: bool = False) -> None:
     ``drop``: the gradients are about to be dropped."""
     if not _finishers:
         return
-    done: set[int] = set()
-    for p in params:
-        hit = _finishers.get(id(p))
-        if hit is None or hit[0]() is not p:
-            continue
-        fn = hit[1]()
-        if fn is None:
-            del _finishers[id(p)]
-        elif id(fn.__self__) not in done:
-            done.add(id(fn.__self__))
-            fn(drop)
+    for fn, _ in _finishers.by_owner(params).values():
+        fn(drop)
 
 
 def _run(root, grad, retain_graph: bool) -> None:

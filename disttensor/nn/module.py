@@ -13,7 +13,6 @@ the same way.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -45,32 +44,19 @@ class Parameter(DistTensor):
 # optimizer), which gathers those that are still slices in buckets: the outermost module
 # called gathers the model's parameters in a few all-gathers, and the modules it calls find
 # theirs whole. (They stay whole until the step anyway: autograd keeps them for backward.)
-_GATHERS: dict[int, tuple[Any, Any]] = {}  # id(param) -> (weakref(param), WeakMethod)
+_GATHERS = autograd.ParamMethods()
 
 
 def set_forward_gather(param: DistTensor, method: Any) -> None:
     """Register ``method(params)`` to make ``param`` whole before a module that owns it runs
     its forward (None removes it)."""
-    if method is None:
-        _GATHERS.pop(id(param), None)
-    else:
-        _GATHERS[id(param)] = (weakref.ref(param), weakref.WeakMethod(method))
+    _GATHERS.set(param, method)
 
 
 def _gather_own(module: Module) -> None:
     """Hand the registered parameters of ``module`` and its sub-modules to their gather
     methods."""
-    todo: dict[int, tuple[Any, list]] = {}
-    for p in module.parameters():
-        hit = _GATHERS.get(id(p))
-        if hit is None or hit[0]() is not p:
-            continue
-        fn = hit[1]()
-        if fn is None:
-            del _GATHERS[id(p)]
-            continue
-        todo.setdefault(id(fn.__self__), (fn, []))[1].append(p)
-    for fn, params in todo.values():
+    for fn, params in _GATHERS.by_owner(list(module.parameters())).values():
         fn(params)
 
 

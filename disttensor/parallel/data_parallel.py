@@ -155,8 +155,7 @@ class DataParallel(Module):
         self._round = False  # this reduction round has begun (its buckets are reset)
         self._removers = []
         for p in self._all:
-            hit = autograd._finishers.get(id(p))
-            if hit is not None and hit[0]() is p and hit[1]() is not None:
+            if autograd._finishers.get(p) is not None:
                 raise ValueError(
                     f"DataParallel: a parameter of shape {p.shape} is already wrapped by "
                     "another DataParallel; wrap the model once (or .unwrap() the other)"

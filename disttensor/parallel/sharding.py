@@ -530,14 +530,8 @@ def _wrappers(params: list) -> list:
     """The dt.DataParallel wrappers that finish the gradients of ``params``, each once."""
     from .data_parallel import DataParallel
 
-    out: dict[int, Any] = {}
-    for p in params:
-        hit = autograd._finishers.get(id(p))
-        fn = hit[1]() if hit is not None and hit[0]() is p else None
-        owner = getattr(fn, "__self__", None)
-        if isinstance(owner, DataParallel):
-            out.setdefault(id(owner), owner)
-    return list(out.values())
+    owners = (fn.__self__ for fn, _ in autograd._finishers.by_owner(params).values())
+    return [owner for owner in owners if isinstance(owner, DataParallel)]
 
 
 def _starts(counts: list[int]) -> list[int]:
