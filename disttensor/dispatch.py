@@ -653,7 +653,14 @@ def fallback(
     mesh = found[0].mesh
     rep = [Replicate()] * mesh.ndim
     with outside_rules(name, reason):
-        values = {id(t): moved(t, t._spec.replace(placements=rep)) for t in found}
+        # a zero-size tensor's global value is known on every rank without a gather: numpy
+        # then decides (np.ptp of an empty axis raises its own error) before anything moves
+        values = {
+            id(t): be.xp.empty(t.shape, t.dtype)
+            if 0 in t.shape
+            else moved(t, t._spec.replace(placements=rep))
+            for t in found
+        }
     move = None  # what other array arguments become on a device (None: as they are)
     if be.device and on_device is not None:  # the caller's: its arguments as they are
         func = on_device

@@ -320,13 +320,14 @@ EMPTY_FORMS = {  # spelling -> (call on a DistTensor or a numpy array, whether d
     "np.maximum.reduce": (lambda x, axis=None, **kw: np.maximum.reduce(x, axis=axis, **kw), True),
     "x.argmax": (lambda x, **kw: x.argmax(**kw), True),
     "np.argmin": (lambda x, **kw: np.argmin(x, **kw), True),
-    # numpy's own function on the gathered value (the replicate fallback)
-    "np.ptp": (lambda x, **kw: np.ptp(x, **kw), False),
-    "np.nanmax": (lambda x, **kw: np.nanmax(x, **kw), False),
-    "np.max initial=": (lambda x, **kw: np.max(x, initial=-1.0, **kw), False),
+    # numpy's own function (the replicate fallback), which gets a zero-size tensor's value
+    # without a gather: its errors come before any communication too
+    "np.ptp": (lambda x, **kw: np.ptp(x, **kw), True),
+    "np.nanmax": (lambda x, **kw: np.nanmax(x, **kw), True),
+    "np.max initial=": (lambda x, **kw: np.max(x, initial=-1.0, **kw), True),
     "np.min where= initial=": (
         lambda x, **kw: np.min(x, where=np.ones(x.shape, bool), initial=5.0, **kw),
-        False,
+        True,
     ),
 }
 EMPTY_PLACEMENTS = {1: [[S0], [S1], [R], [PMAX]], 2: [[S0, S1], [S1, S0], [S0, S0], [R, PMAX]]}

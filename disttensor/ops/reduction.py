@@ -181,8 +181,9 @@ def _no_identity(name: str, x, axis, keepdims) -> None:
 # no communication) before any op runs: numpy's own error, type and text, on every rank at
 # once and before any collective, or nothing, where numpy reduces a zero-size array fine (an
 # axis other than the empty one, keepdims, axis=()). Only zero-size tensors pay the look.
-# np.ptp, np.nanmax and calls with initial= or where= take the replicate fallback: numpy
-# decides on the gathered value, the same on every rank after the same gather.
+# np.ptp, np.nanmax and calls with initial= or where= take the replicate fallback, which
+# gives numpy a zero-size operand's global value without gathering it (it is known on every
+# rank): numpy's error, or its result, on every rank before any collective.
 
 
 def max(x, axis=None, keepdims=False):
