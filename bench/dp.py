@@ -7,6 +7,7 @@ Run (N = 2 or 4 ranks; each rank one thread)::
     OMP_NUM_THREADS=1 mpiexec -n 4 python bench/dp.py
     OMP_NUM_THREADS=1 mpiexec -n 2 python bench/dp.py --quick   # smoke run, seconds
     OMP_NUM_THREADS=1 mpiexec -n 2 python bench/dp.py --only e  # table (e) alone, a minute
+    OMP_NUM_THREADS=1 mpiexec -n 2 python bench/dp.py --only e --model gpt  # (e), the GPT demo
 
 ``--only`` takes a comma list of tables (a, b, c, e; (d) comes with (b)) and runs those
 alone, with the checks they need: the float64 agreement check for (b) and (c), (a)'s own
@@ -117,12 +118,20 @@ Goal: stages 1 and 2 within 1.05x of the plain step, stage 3 within 1.3x. Memory
                         bucket buffers included), and the peak during one more step
                         (activations, gradients and communication buffers on top); untimed
 
+``--model gpt``: (e) on the GPT of demos/gpt_dp_mp.py instead (its sizes: 2 transformer
+blocks, dim 32, vocab 64, 30k parameters; replicated on the 1-D "dp" mesh, no tensor
+parallelism), ``dt.cross_entropy`` on the demo's batch of token ids (8 windows of 16, Shard(0)
+over "dp", even or not), AdamW lr 1e-3 with the demo's eps 1e-4 (see the check).
+
 Before (e)'s timing, in ``--quick`` too, a float32 check at the run's sizes: plain and every
 stage, built from the same seeds, take 3 AdamW steps on the same batches; each step's loss and
 every final parameter (gathered) must match plain DataParallel's to 1e-5 relative
 (``max|p - p_plain| <= 1e-5 * max|p_plain|`` per tensor), and every tensor must have moved.
 The values need not be bitwise equal: over 3 or more ranks MPI may sum the reduce-scatter in
-another order than the all-reduce. On a mismatch every rank exits non-zero, as above.
+another order than the all-reduce. On a mismatch every rank exits non-zero, as above. The GPT
+passes at the same tolerance with AdamW's eps 1e-4; with 1e-8 its attention key biases, whose
+gradient is zero but for rounding (softmax ignores them), move by ~lr in a direction set by
+the summation order: 5e-4 of their size after 3 steps on 4 ranks.
 """
 
 from __future__ import annotations
@@ -222,6 +231,26 @@ def build_dt_mlp(mesh: dt.ProcessMesh, layers: int, width: int, dtype: Any) -> d
     return dt.nn.Sequential(*mods)
 
 
+DEMOS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "demos")
+
+
+def gpt_demo():
+    """demos/gpt_dp_mp.py as a module (its GPT, batches and sizes); (e) with --model gpt."""
+    if DEMOS not in sys.path:
+        sys.path.insert(0, DEMOS)
+    import gpt_dp_mp
+
+    return gpt_dp_mp
+
+
+def build_dt_gpt(mesh: dt.ProcessMesh, dtype: Any) -> dt.nn.Module:
+    """The demo's GPT, replicated on ``mesh`` (no tensor parallelism), seeded as the demo."""
+    dt.manual_seed(0)  # the same weights on every mesh
+    model = gpt_demo().GPT(dtype)
+    dt.shard_layer(model, mesh, None)
+    return model
+
+
 # (name, wrapper arguments or None for no wrapper)
 DP_MODES: dict[str, dict | None] = {
     "dt, no wrapper": None,
@@ -241,17 +270,21 @@ class DtRun:
     inner: dt.nn.Module
     dp: dt.DataParallel | None
     opt: Any  # dt.optim.SGD, or AdamW in (e), perhaps in a dt.shard_optimizer
-    loss_fn: dt.nn.MSELoss = field(default_factory=dt.nn.MSELoss)
+    loss_fn: Callable = field(default_factory=dt.nn.MSELoss)  # (output, target) -> loss
     phases: list = field(default_factory=list)
 
     @classmethod
     def make(
         cls, mesh, args, dtype, wrap: dict | None, k: int = 1, dp: bool = True,
-        optim: Callable | None = None, stage: type | None = None,
+        optim: Callable | None = None, stage: type | None = None, model: str = "mlp",
     ) -> DtRun:  # fmt: skip
         """``optim(parameters)`` makes the optimizer (default SGD, lr ``LR``); ``stage`` (a
-        dt.ShardingStage1, 2 or 3) shards it over "dp"."""
-        inner = build_dt_mlp(mesh, args.layers, args.width, dtype)
+        dt.ShardingStage1, 2 or 3) shards it over "dp"; ``model`` "gpt": the GPT demo's
+        model and cross entropy (the data: token ids and labels) instead of the MLP."""
+        if model == "gpt":
+            inner, loss_fn = build_dt_gpt(mesh, dtype), dt.cross_entropy
+        else:
+            inner, loss_fn = build_dt_mlp(mesh, args.layers, args.width, dtype), dt.nn.MSELoss()
         wrapper = None
         if wrap is not None:
             wrapper = dt.DataParallel(inner, mesh, dim="dp", k_steps=k, **wrap)
@@ -262,7 +295,7 @@ class DtRun:
         if stage is not None:
             opt = dt.shard_optimizer(opt, stage("dp"))
         placements = [dt.Shard(0)] if dp else [dt.Replicate()]
-        return cls(mesh, placements, inner, wrapper, opt)
+        return cls(mesh, placements, inner, wrapper, opt, loss_fn)
 
     @property
     def model(self):
@@ -620,13 +653,51 @@ GOAL_STAGE = {1: 1.05, 2: 1.05, 3: 1.3}  # step time / plain
 MEM_TOL = 0.03  # model state within 3 % of the ideal (uneven splits round up)
 
 
-def adamw(params) -> dt.optim.AdamW:
-    return dt.optim.AdamW(params, lr=ADAM_LR)
+GPT_EPS = 1e-4  # --model gpt: AdamW's eps as in demos/gpt_dp_mp.py (why: sharding_check)
+
+
+def adamw(params, eps: float = 1e-8) -> dt.optim.AdamW:
+    return dt.optim.AdamW(params, lr=ADAM_LR, eps=eps)
 
 
 def sharded_run(mesh: dt.ProcessMesh, args, name: str, dtype: Any = np.float32) -> DtRun:
-    """Variant ``name`` of (e): DataParallel() (fused + overlap), AdamW, maybe sharded."""
-    return DtRun.make(mesh, args, dtype, {"overlap": True}, optim=adamw, stage=SHARDED[name])
+    """Variant ``name`` of (e): DataParallel() (fused + overlap), AdamW, maybe sharded; the
+    model of ``--model``."""
+    eps = GPT_EPS if args.model == "gpt" else 1e-8
+
+    def optim(params):
+        return adamw(params, eps)
+
+    return DtRun.make(
+        mesh, args, dtype, {"overlap": True}, optim=optim, stage=SHARDED[name], model=args.model
+    )
+
+
+def sharding_batches(args, steps: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``steps`` global (input, target) batches for (e)'s model: the MLP's float32 normals,
+    or the GPT demo's (token ids, next ids) windows (its own fixed seed)."""
+    if args.model == "gpt":
+        return [tuple(b) for b in gpt_demo().batches(steps)]
+    rng = np.random.default_rng(seed)
+    return [
+        tuple(rng.standard_normal((2, args.batch, args.width)).astype(np.float32))
+        for _ in range(steps)
+    ]
+
+
+def model_label(args) -> str:
+    """(e)'s model in words, for the table's title."""
+    if args.model == "gpt":
+        g = gpt_demo()
+        return (
+            f"GPT of demos/gpt_dp_mp.py (vocab {g.VOCAB}, dim {g.DIM}, {g.HEADS} heads, "
+            f"{g.LAYERS} blocks, seq {g.SEQ}; no tensor parallelism), dt.cross_entropy, "
+            f"AdamW lr {ADAM_LR:g} eps {GPT_EPS:g} (the demo's), global batch {g.BATCH} (token ids)"
+        )
+    return (
+        f"MLP {args.layers} x (Linear({args.width}, {args.width}), Tanh), MSELoss, AdamW lr "
+        f"{ADAM_LR:g}, global batch {args.batch}"
+    )
 
 
 def stage_of(name: str) -> int:
@@ -645,11 +716,8 @@ def sharding_check(comm: MPI.Comm, args, mesh: dt.ProcessMesh) -> str:
     Returns the summary line; raises CheckFailed (on every rank) on a mismatch."""
     rank = comm.Get_rank()
     start = time.perf_counter()
-    rng = np.random.default_rng(2)
-    f32 = np.float32
-    batches = [
-        rng.standard_normal((2, args.batch, args.width)).astype(f32) for _ in range(CHECK_STEPS)
-    ]
+    batches = sharding_batches(args, CHECK_STEPS, seed=2)
+    names: list[str] = []  # the parameters in words
     failures: list[str] = []
     init: list[np.ndarray] | None = None
     results: dict[str, tuple[list[float], list[np.ndarray]]] = {}
@@ -660,6 +728,11 @@ def sharding_check(comm: MPI.Comm, args, mesh: dt.ProcessMesh) -> str:
         first = r.global_params()
         if init is None:
             init = first
+            if args.model == "gpt":
+                names = [k for k, _ in r.inner.named_parameters()]
+            else:
+                names = [f"layer {i // 2} {'weight' if i % 2 == 0 else 'bias'}" for i in
+                         range(len(first))]  # fmt: skip
         elif not all(np.array_equal(p, q) for p, q in zip(first, init, strict=True)):
             failures.append(f"rank {rank}: {name}: initial weights differ from {PLAIN}")
         losses: list[float] = []
@@ -673,8 +746,7 @@ def sharding_check(comm: MPI.Comm, args, mesh: dt.ProcessMesh) -> str:
     for name, (losses, final) in results.items():
         for i, (p, p0) in enumerate(zip(final, init, strict=True)):
             if not float(np.max(np.abs(p - p0))) > 0:
-                what = f"layer {i // 2} {'weight' if i % 2 == 0 else 'bias'}"
-                failures.append(f"rank {rank}: {name}: {what} did not change in the steps")
+                failures.append(f"rank {rank}: {name}: {names[i]} did not change in the steps")
         if name == PLAIN:
             continue
         for s, (a, b) in enumerate(zip(losses, ref_losses, strict=True), 1):
@@ -691,9 +763,8 @@ def sharding_check(comm: MPI.Comm, args, mesh: dt.ProcessMesh) -> str:
             worst_abs[name] = max(worst_abs[name], diff)
             worst_rel["parameters"] = max(worst_rel["parameters"], rel)
             if not rel <= SHARD_TOL:
-                what = f"layer {i // 2} {'weight' if i % 2 == 0 else 'bias'}"
                 failures.append(
-                    f"rank {rank}: {name}: {what} differs from {PLAIN} by {diff:.3g} "
+                    f"rank {rank}: {name}: {names[i]} differs from {PLAIN} by {diff:.3g} "
                     f"(max abs), {rel:.3g} of max|p| > {SHARD_TOL:g}"
                 )
     verdicts = comm.allgather((failures, worst_abs, worst_rel))
@@ -709,10 +780,19 @@ def sharding_check(comm: MPI.Comm, args, mesh: dt.ProcessMesh) -> str:
     )
     rel = {k: max(w[k] for _, _, w in verdicts) for k in worst_rel}
     return (
-        f"sharding check (float32, {CHECK_STEPS} AdamW steps, {PLAIN} and DataParallel + "
+        f"sharding check (float32, {CHECK_STEPS} AdamW steps, "
+        f"{'GPT demo model, ' if args.model == 'gpt' else ''}{PLAIN} and DataParallel + "
         f"ShardingStage1, 2, 3): losses and final parameters agree with plain DataParallel "
         f"(max abs parameter diff, stage {diffs}; max rel: loss {rel['loss']:.1e}, "
-        f"parameters {rel['parameters']:.1e} of max|p|; tolerance {SHARD_TOL:g}; "
+        f"parameters {rel['parameters']:.1e} of max|p|; tolerance {SHARD_TOL:g}"
+        + (
+            f", as for the MLP: the GPT's AdamW takes the demo's eps {GPT_EPS:g}, not 1e-8, "
+            "under which the attention key biases, whose gradient is rounding noise (softmax "
+            "ignores them), would move by ~lr in a direction set by the summation order"
+            if args.model == "gpt"
+            else ""
+        )
+        + "; "
         f"{time.perf_counter() - start:.2f} s)"
     )
 
@@ -768,13 +848,13 @@ def sharding_table(comm: MPI.Comm, args, mesh, x_np, t_np, iters, say) -> None:
         comm.Allreduce(MPI.IN_PLACE, m, op=MPI.MAX)
         mem[name] = m
 
-    pbytes = args.layers * (args.width * args.width + args.width) * 4
+    pbytes = mem[PLAIN][0]  # plain DataParallel: every parameter whole on every rank
+    psize = f"{pbytes / 1e6:.1f} MB" if pbytes >= 1e6 else f"{pbytes / 1e3:.0f} kB"
     base = st[PLAIN].median
     say(
         "",
-        f"(e) sharded data parallelism: MLP {args.layers} x (Linear({args.width}, "
-        f"{args.width}), Tanh), MSELoss, AdamW lr {ADAM_LR:g}, global batch {args.batch} "
-        f'Shard(0) over "dp", float32 ({pbytes / 1e6:.1f} MB of parameters), '
+        f"(e) sharded data parallelism: {model_label(args)} "
+        f'Shard(0) over "dp", float32 ({psize} of parameters), '
         f"DataParallel() (fused + overlap) alone and with dt.shard_optimizer(opt, "
         f'ShardingStage1/2/3("dp")); {n} ranks; {len(st[PLAIN].times)} steps per variant',
     )
@@ -866,6 +946,10 @@ def main() -> int:
         "--only", default="a,b,c,e", metavar="TABLES",
         help="comma list of the tables to run: a, b (with d), c, e (default: all)",
     )  # fmt: skip
+    ap.add_argument(
+        "--model", default="mlp", choices=["mlp", "gpt"],
+        help="(e): the MLP of (b) (default), or the GPT of demos/gpt_dp_mp.py (its sizes)",
+    )  # fmt: skip
     ap.add_argument("--plant", default=None, help=argparse.SUPPRESS)  # a variant to get wrong
     args = ap.parse_args()
     tables = {t.strip().replace("d", "b") for t in args.only.split(",") if t.strip()}
@@ -887,7 +971,7 @@ def main() -> int:
     rank, n = comm.Get_rank(), comm.Get_size()
     if n < 2:
         sys.exit("bench/dp.py compares data parallelism over N >= 2 ranks: mpiexec -n N")
-    if args.batch % (K * n):
+    if tables & {"b", "c"} and args.batch % (K * n):  # (e) takes uneven batches
         sys.exit(f"--batch {args.batch} must be a multiple of {K} x {n} ranks (k={K} merge)")
     one = dt.ProcessMesh([0], dim_names=["dp"])
     mesh = dt.ProcessMesh(list(range(n)), dim_names=["dp"])
@@ -1147,7 +1231,8 @@ def main() -> int:
         say(f"k={K} / k=1 per micro-step: {sk.median / K / s1.median:.2f}")
     # -- (e) -----------------------------------------------------------------------------
     if "e" in tables:
-        sharding_table(comm, args, mesh, x_np, t_np, iters, say)
+        e_x, e_t = (x_np, t_np) if args.model == "mlp" else sharding_batches(args, 1, 0)[0]
+        sharding_table(comm, args, mesh, e_x, e_t, iters, say)
 
     say("", load_line(start, load_before))
     if torch is not None:

@@ -85,3 +85,14 @@ def test_dp_benchmark_sharding_check_fails_on_a_wrong_stage():
     assert code != 0, out
     assert "sharding check FAILED" in out and "DP + ShardingStage2:" in out, out
     assert "(e) sharded" not in out, out
+
+
+def test_dp_benchmark_sharding_gpt():
+    """``--only e --model gpt``: table (e) on the GPT of demos/gpt_dp_mp.py, its check at
+    the MLP's float32 tolerance, every row in both tables."""
+    code, out = run(2, ["bench/dp.py", "--quick", "--only", "e", "--model", "gpt"], timeout=120)
+    assert code == 0, out
+    check = [line for line in out.splitlines() if line.startswith("sharding check")]
+    assert check and "GPT demo model" in check[0] and "tolerance 1e-05" in check[0], out
+    assert "(e) sharded data parallelism: GPT of demos/gpt_dp_mp.py" in out, out
+    assert_sharding_table(out)
