@@ -345,7 +345,8 @@ class ShardedOptimizer:
                     self._to_slice(s, w)
                     autograd.note_mutation(w)
                     continue
-                w = backend.xp(p.to_local()).ascontiguousarray(s.take(p.to_local(), s.me))
+                view = s.take(p.to_local(), s.me)  # contiguous (d = 0): updated in place
+                w = view if view.flags.c_contiguous else view.copy()
                 opt.update(p, w, _as(grads[id(p)], w.dtype), lr)
                 updated.append((s, w))
             self._gather(updated)
@@ -469,7 +470,12 @@ class ShardedOptimizer:
         """Stages 1 and 2: the updated slices all-gathered back into the whole parameters,
         one all-gather per bucket."""
         for bucket in self._buckets(updated):
-            self._all_gather(bucket, [s.param.to_local() for s, _ in bucket])
+            # a slice updated in place in its parameter needs no copy back
+            self._all_gather(
+                bucket,
+                [s.param.to_local() for s, _ in bucket],
+                [_shares(w, s.param.to_local()) for s, w in bucket],
+            )
             for s, _ in bucket:
                 autograd.note_mutation(s.param.to_local())
 
@@ -490,8 +496,11 @@ class ShardedOptimizer:
                 p = s.param
                 p._local, p._spec, p._moved = whole, s.whole, None
 
-    def _all_gather(self, bucket: list[tuple[_Slice, Any]], wholes: list[Any]) -> None:
-        """One all-gather of the bucket's slices into the whole local arrays ``wholes``."""
+    def _all_gather(
+        self, bucket: list[tuple[_Slice, Any]], wholes: list[Any], in_place: list | None = None
+    ) -> None:
+        """One all-gather of the bucket's slices into the whole local arrays ``wholes``
+        (``in_place[i]``: member i's own slice is already there)."""
         lay = self._layout(bucket)
         first, me = bucket[0][1], bucket[0][0].me
         flat = self._scratch("flat", lay.size, first)
@@ -501,8 +510,10 @@ class ShardedOptimizer:
             mine[at : at + s.sizes[me]].reshape(w.shape)[...] = w
         with doing(_label, "all-gather", len(bucket), first.dtype, self.mesh, self.dim):
             bucket[0][0].group.allgather(mine, flat, lay.counts)
-        for (s, _), whole, offs in zip(bucket, wholes, lay.offsets):
+        for i, ((s, _), whole, offs) in enumerate(zip(bucket, wholes, lay.offsets)):
             for r, at in enumerate(offs):
+                if r == me and in_place is not None and in_place[i]:
+                    continue
                 target = s.take(whole, r)
                 target[...] = flat[at : at + s.sizes[r]].reshape(target.shape)
 
@@ -532,6 +543,11 @@ def _wrappers(params: list) -> list:
 
     owners = (fn.__self__ for fn, _ in autograd._finishers.by_owner(params).values())
     return [owner for owner in owners if isinstance(owner, DataParallel)]
+
+
+def _shares(view: Any, base: Any) -> bool:
+    """``view`` is a view into ``base`` (numpy's or a device's: by ``.base``)."""
+    return view is not base and getattr(view, "base", None) is base
 
 
 def _starts(counts: list[int]) -> list[int]:
