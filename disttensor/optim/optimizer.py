@@ -117,11 +117,7 @@ class Optimizer:
         """One update of every parameter that has a gradient. The ranks of each parameter
         mesh first agree on which parameters have one (a backward on some ranks only would
         otherwise update some shards and not others: ``RanksDiverged`` on every rank)."""
-        finish_grads(self.params)  # reductions still in flight (Note [Gradient finishers])
-        if agree.CHECK:
-            self._agree_on_gradients()
-        self.step_count += 1
-        lr = self.lr
+        lr = self._begin_step()
         with no_grad():
             n, k = reduce_remaining(self.params)  # Note [Gradients reduced at the step]
             self.reductions = {"gradients": n, "all_reduces": k}
@@ -131,6 +127,16 @@ class Optimizer:
                 g = self.grad_of(p)
                 self.update(p, p.to_local(), g, lr)
                 note_mutation(p.to_local())  # a backward through the old value now refuses
+
+    def _begin_step(self) -> float:
+        """What every step does first (a sharded optimizer's too): finish the reductions in
+        flight (Note [Gradient finishers]), agree on which parameters have gradients, count
+        the step; returns its learning rate."""
+        finish_grads(self.params)
+        if agree.CHECK:
+            self._agree_on_gradients()
+        self.step_count += 1
+        return self.lr
 
     def _agree_on_gradients(self) -> None:
         """Note [Replicas agree] in tensor.py: per mesh, which of its parameters have a

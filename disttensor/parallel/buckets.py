@@ -363,13 +363,10 @@ def reduce_remaining(params: list, keep: tuple[int, ...] = ()) -> tuple[int, int
         if gs == ps or gs.mesh != ps.mesh or gs.shape != ps.shape:
             continue
         dims = tuple(m for m in range(len(gs.placements)) if m not in keep)
-        key = bucket_key(gs, dims)  # every Partial dim not kept, one type
+        # every Partial dim not kept; one reduce type over all of them, kept ones included
+        key = bucket_key(gs, dims)
         if key is None or not all(ps.placements[m].is_replicate() for m in key[0]):
             continue
-        if keep and len({gs.placements[m].reduce_type for m in key[0]} | {
-            gs.placements[m].reduce_type for m in keep if gs.placements[m].is_partial()
-        }) != 1:
-            continue  # the kept Partial of another type: its order matters, left to the reshard
         groups.setdefault((gs.mesh, *key, backend.of(g._local)), []).append(p)
     rank = comm.get_rank()
     done = made = 0

@@ -53,7 +53,6 @@ from typing import Any
 import numpy as np
 
 from .. import autograd, backend, comm
-from ..comm import agree
 from ..comm.agree import doing
 from ..mesh import ProcessMesh
 from ..nn.module import set_forward_gather
@@ -193,13 +192,13 @@ class ShardedOptimizer:
                 "shard_optimizer: the second argument is dt.ShardingStage1, 2 or 3 (dim), got "
                 f"{type(stage).__name__}"
             )
-        if optimizer.state and not getattr(optimizer, "_sharded", False):
+        if getattr(optimizer, "_sharded", False):
+            raise ValueError("shard_optimizer: this optimizer is already sharded")
+        if optimizer.state:
             raise ValueError(
                 "shard_optimizer: this optimizer has already stepped (it holds whole state); "
                 "wrap it before the first step"
             )
-        if getattr(optimizer, "_sharded", False):
-            raise ValueError("shard_optimizer: this optimizer is already sharded")
         params = optimizer.params
         mesh = stage.mesh if stage.mesh is not None else params[0].mesh
         m = mesh.dim_index(stage.dim)  # raises naming the mesh's dims
@@ -236,6 +235,9 @@ class ShardedOptimizer:
                 if self.stage == 3 and s.d is not None:
                     self._to_slice(s, None)
                     set_forward_gather(p, self._unshard)
+        # the parameters split over the dim, and those with no dim to split
+        self._split = [s.param for s in self.slices.values() if s.d is not None]
+        self._whole = [s.param for s in self.slices.values() if s.d is None]
         optimizer._state_specs = {i: s.part for i, s in self.slices.items()}
         optimizer._sharded = True
         self._release()
@@ -268,9 +270,8 @@ class ShardedOptimizer:
         would all-reduce them in its buckets lets them go (it keeps gradient merge)."""
         if self.stage < 2:
             return
-        mine = [s.param for s in self.slices.values() if s.d is not None]
-        for owner in _wrappers(mine):
-            owner._release(mine)
+        for owner in _wrappers(self._split):
+            owner._release(self._split)
 
     # -- the optimizer's interface -----------------------------------------------------------
     @property
@@ -311,11 +312,7 @@ class ShardedOptimizer:
         """One update (Note [Sharding stages]). Collective over the mesh."""
         opt = self.optimizer
         self._release()  # a DataParallel made after shard_optimizer
-        autograd.finish_grads(opt.params)
-        if agree.CHECK:
-            opt._agree_on_gradients()
-        opt.step_count += 1
-        lr = opt.lr
+        lr = opt._begin_step()
         with autograd.no_grad():
             if self.stage == 1:  # the gradients reduced whole, as unsharded
                 n, k = reduce_remaining(opt.params)
@@ -364,10 +361,8 @@ class ShardedOptimizer:
             # parameters with no dim to split: all-reduced together; the others' Partial
             # dims besides the sharding dim (a layer norm weight under tensor parallelism)
             # too, leaving them Partial over the dim only, for the reduce-scatter
-            whole = [s.param for s in self.slices.values() if s.d is None]
-            split = [s.param for s in self.slices.values() if s.d is not None]
-            n, k = reduce_remaining(whole)
-            n2, k2 = reduce_remaining(split, keep=(m,))
+            n, k = reduce_remaining(self._whole)
+            n2, k2 = reduce_remaining(self._split, keep=(m,))
             self.optimizer.reductions = {"gradients": n + n2, "all_reduces": k + k2}
         for p in self.optimizer.params:
             s = self.slices.get(id(p))
