@@ -77,6 +77,7 @@ import numpy as np
 from numpy.lib.array_utils import normalize_axis_index
 
 from .. import autograd, backend, comm
+from ..mesh import different_meshes
 from ..placement import Partial, Replicate, Shard
 from ..spec import DistSpec
 from ..tensor import DistTensor, reshard
@@ -624,7 +625,7 @@ def searchsorted(a, v, side="left", sorter=None):
     np.searchsorted(np.empty((0,) * ndim, adtype), np.empty(0, vdtype), side)  # numpy's errors
     if isinstance(a, DistTensor) and isinstance(v, DistTensor):
         if v.mesh != a.mesh:
-            raise ValueError(f"searchsorted: a and v live on different meshes ({a.mesh}, {v.mesh})")
+            raise ValueError(different_meshes("searchsorted", ("a", a.mesh), ("v", v.mesh)))
         if backend.of(v._local) is not backend.of(a._local):
             raise backend.mixed("searchsorted", backend.of(a._local), backend.of(v._local))
     if not isinstance(a, DistTensor):

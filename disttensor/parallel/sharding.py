@@ -54,7 +54,7 @@ import numpy as np
 
 from .. import autograd, backend, comm
 from ..comm.agree import doing
-from ..mesh import ProcessMesh
+from ..mesh import ProcessMesh, names_differ
 from ..nn.module import set_forward_gather
 from ..placement import Partial, Shard
 from ..spec import DistSpec
@@ -204,11 +204,12 @@ class ShardedOptimizer:
         m = mesh.dim_index(stage.dim)  # raises naming the mesh's dims
         for p in params:  # everything is checked before anything changes
             if p.mesh != mesh:
+                clause = names_differ(p.mesh, mesh)
                 raise ValueError(
                     f"shard_optimizer: a parameter of shape {p.shape} lives on {p.mesh}, "
-                    f"not on the sharding mesh {mesh}; give ShardingStage{stage.stage}(dim, "
-                    "mesh=...) the parameters' mesh, or shard each mesh's parameters with an "
-                    "optimizer of its own"
+                    f"not on the sharding mesh {mesh}{'; ' + clause if clause else ''}; give "
+                    f"ShardingStage{stage.stage}(dim, mesh=...) the parameters' mesh, or shard "
+                    "each mesh's parameters with an optimizer of its own"
                 )
         self.optimizer, self.stage, self.mesh, self.dim = optimizer, stage.stage, mesh, m
         self._cap = stage.bucket_size_mb * MiB
