@@ -376,7 +376,7 @@ def _empty_axes(mesh):
 
 
 @pytest.mark.filterwarnings("ignore:All-NaN:RuntimeWarning")
-@pytest.mark.parametrize("mesh_shape", [(1,), (2,), (3,), (2, 2)], ids=str)
+@pytest.mark.parametrize("mesh_shape", [(1,), (2,), (3,), (4,), (2, 2)], ids=str)
 def test_empty_axes_raise_numpys_error(mesh_shape):
     """Regression (was: max/min over an empty split axis returned -inf/+inf, the identity the
     local reductions start from, where numpy raises)."""
