@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from . import backend, comm
-from .comm.agree import doing, fixed_item
+from .comm.agree import _doing, fixed_item
 from .explain import HOOKS as _explain
 from .placement import Partial, Placement, Replicate, Shard, commutes
 from .spec import DistSpec, contiguous, split_offset, split_sizes
@@ -168,20 +168,19 @@ class Move:
         )  # fmt: skip
 
     def bind(self, world: Any, spec: DistSpec) -> tuple:
-        """(world, coord, per step its _Dim) on ``world``'s rank; kept for the next call
-        (a few worlds per move: simulated worlds come and go)."""
-        hit = self.bound.get(id(world))
-        if hit is not None and hit[0] is world:
-            return hit
+        """(world, coord, per step (function, spec it starts from, step, its _Dim)) on
+        ``world``'s rank; kept for the next call (a few worlds per move: simulated worlds
+        come and go)."""
         rank = world.rank
         mesh = spec.mesh
         coord = mesh.get_coord(rank)
-        dims = () if coord is None else tuple(
-            _Dim(mesh, step.mesh_dim, rank, coord) for _, step, _ in self.steps
+        runs = () if coord is None else tuple(
+            (fn, before, step, _Dim(mesh, step.mesh_dim, rank, coord))
+            for fn, step, before in self.steps
         )  # fmt: skip
         if len(self.bound) >= 8:
             self.bound.clear()
-        hit = self.bound[id(world)] = (world, coord, dims)
+        hit = self.bound[id(world)] = (world, coord, runs)
         return hit
 
 
@@ -198,19 +197,29 @@ def execute(local: Any, spec: DistSpec, dst: DistSpec, how: Move | None = None) 
     the caller has it."""
     if how is None:
         how = move(spec, dst)
-    # for the message when ranks diverge; under dt.explain a new item each call, by which
-    # it tells one execution from the next
-    named = doing(describe, spec, dst) if _explain.active else doing.fixed(how.item)
-    with named:
+    # for the message when ranks diverge, and in the fingerprint (Note [Ranks agree before a
+    # collective]); under dt.explain a new item each call, by which it tells one execution
+    # from the next. Pushed and popped by hand: ``with`` costs two calls more per move.
+    item = (describe, (spec, dst)) if _explain.active else how.item  # doing()'s item
+    stack = _doing.stack
+    if stack is None:
+        stack = _doing.stack = []
+    stack.append(item)
+    try:
         world = comm.world()
         if how.cross:
             return _cross_mesh(local, spec, dst, world.rank)
-        _, coord, dims = how.bind(world, spec)
+        hit = how.bound.get(id(world))
+        if hit is None or hit[0] is not world:
+            hit = how.bind(world, spec)
+        coord = hit[1]
         if coord is None:  # not in the mesh: nothing to hold, nothing to do
             return _empty(dst, coord, local)
-        for (fn, step, before), dim in zip(how.steps, dims):
+        for fn, before, step, dim in hit[2]:
             local = fn(local, before, step, coord, dim)
         return local
+    finally:
+        stack.pop()
 
 
 def describe(spec: DistSpec, dst: DistSpec) -> str:

@@ -38,7 +38,7 @@ from .spec import DistSpec, contiguous
 class DistTensor:
     """A global tensor sharded over a ProcessMesh. Build one with ``dt.shard_tensor``."""
 
-    # _moved, set on the first move only: Note [One move per tensor]
+    # _moved: None until the first move (Note [One move per tensor])
     __slots__ = ("_grad", "_hooks", "_local", "_moved", "_node", "_spec", "requires_grad",
                  "__weakref__")  # fmt: skip
 
@@ -49,6 +49,7 @@ class DistTensor:
         self._grad: DistTensor | None = None
         self._node = None  # (autograd Node, output index) when an op made this tensor
         self._hooks = None  # a leaf's gradient hooks (autograd.register_hook)
+        self._moved: dict | None = None  # set, not left unset: reading an unset slot raises
 
     @property
     def grad(self) -> DistTensor | None:
@@ -247,7 +248,7 @@ class DistTensor:
             out = moved(self, full)
         if type(out) is not np.ndarray and backend.is_device(out):
             return backend.to_host(out)  # a copy
-        memo = getattr(self, "_moved", None)
+        memo = self._moved
         if out is self._local or (memo is not None and memo.get(full, (0, None))[1] is out):
             return out.copy()  # never the shard itself, nor the remembered move
         return out
@@ -1196,20 +1197,16 @@ def reshard(x: DistTensor, mesh: ProcessMesh, placements: Sequence[Placement]) -
     """
     if not isinstance(x, DistTensor):
         raise TypeError(f"reshard needs a DistTensor, got {type(x).__name__}; use dt.shard_tensor")
-    check_world(mesh, "reshard")
     spec = x._spec
-    dst = None
-    if isinstance(placements, (list, tuple)):
-        # validated and cached (placements that cannot key the cache: make says why)
-        with contextlib.suppress(TypeError):
-            dst = _target(mesh, tuple(placements), spec.shape, spec.dtype)
-    if dst is None:
-        dst = DistSpec.make(mesh, placements, spec.shape, spec.dtype, what="reshard")  # raises
-    if dst.mesh is spec.mesh and dst.placements == spec.placements:  # shape, dtype: x's
+    try:  # Note [Reshard targets kept on the spec]
+        dst, how = spec.__dict__["_to"][(mesh, *placements)]
+    except (KeyError, TypeError):
+        dst, how = _reshard_target(spec, mesh, placements)
+    if comm.world().size <= mesh.max_rank:  # a world without the mesh's ranks (simulate)
+        check_world(mesh, "reshard")
+    if how is None:  # the same layout
         return x
-    if dst == spec:
-        return x
-    out = DistTensor(moved(x, dst), dst)
+    out = DistTensor(moved(x, dst, how=how), dst)
     if x.requires_grad and autograd._state.enabled:
         # the gradient goes back to the source placements, Partials read as Replicate
         # (Note [Partial gradients] in autograd.py)
@@ -1239,7 +1236,7 @@ MEMO_GATHER_BYTES = 8 << 20
 def remembered(x: DistTensor, dst: DistSpec) -> Any:
     """The local array of ``x`` in layout ``dst`` that an earlier move left and that is still
     good (Note [One move per tensor]), else None; no communication."""
-    memo = getattr(x, "_moved", None)
+    memo = x._moved
     if memo is not None:
         hit = memo.get(dst)
         if hit is not None:
@@ -1253,17 +1250,20 @@ def remembered(x: DistTensor, dst: DistSpec) -> Any:
     return None
 
 
-def moved(x: DistTensor, dst: DistSpec, chain: tuple | None = None) -> Any:
+def moved(x: DistTensor, dst: DistSpec, chain: tuple | None = None, how: Any = None) -> Any:
     """This rank's local array of ``x`` in layout ``dst`` (collective, the first time;
     Note [One move per tensor]). ``chain``: the specs to reshard through, ending with
-    ``dst`` (default: ``dst`` alone)."""
-    out = remembered(x, dst)
-    if out is not None:
-        return out
-    memo = getattr(x, "_moved", None)
+    ``dst`` (default: ``dst`` alone); ``how``: ``reshard.move(x's spec, dst)``, where the
+    caller has it."""
+    memo = x._moved
+    if memo is not None:  # a tensor never moved (most) skips the call
+        out = remembered(x, dst)
+        if out is not None:
+            return out
     spec = x._spec
     if chain is None or len(chain) == 1:
-        how = _reshard.move(spec, dst)
+        if how is None:
+            how = _reshard.move(spec, dst)
         local = _reshard.execute(x._local, spec, dst, how)
     else:  # dispatch's bool Partials: reduced first
         local = x._local
@@ -1273,8 +1273,49 @@ def moved(x: DistTensor, dst: DistSpec, chain: tuple | None = None) -> Any:
     if not how.gathers or math.prod(dst.shape) * dst.dtype.itemsize <= MEMO_GATHER_BYTES:
         if memo is None:
             memo = x._moved = {}
-        memo[dst] = (x._local, local, autograd.version(x._local), autograd.version(local))
+        source = x._local
+        memo[dst] = (source, local, autograd.version(source), autograd.version(local))
     return local
+
+
+# Note [Reshard targets kept on the spec]
+#     ``dt.reshard(x, mesh, placements)`` in a loop (a loss read every step, a Partial
+#     scalar made Replicate) finds its validated target spec and its planned move in a small
+#     dict on x's spec (``_to``: (mesh, *placements) -> (target, move), None for no move),
+#     one lookup, instead of validating the placements, comparing specs and looking the plan
+#     up by both specs' hashes each call. The dict lives and dies with the spec (specs of
+#     tensors made per step come from the dispatch plan's cached specs, so it fills once),
+#     and holds at most a few targets per spec. Only the world check is made every call: a
+#     spec may outlive a dt.simulate world.
+_TARGETS_PER_SPEC = 8
+
+
+def _reshard_target(spec: DistSpec, mesh: ProcessMesh, placements: Any) -> tuple:
+    """(validated target spec, its move from ``spec`` or None when nothing moves), kept on
+    ``spec`` when the placements can key a dict (Note [Reshard targets kept on the spec]);
+    raises for bad placements or a mesh of ranks this world does not have."""
+    check_world(mesh, "reshard")
+    dst = None
+    if isinstance(placements, (list, tuple)):
+        # validated and cached (placements that cannot key the cache: make says why)
+        with contextlib.suppress(TypeError):
+            dst = _target(mesh, tuple(placements), spec.shape, spec.dtype)
+    if dst is None:
+        dst = DistSpec.make(mesh, placements, spec.shape, spec.dtype, what="reshard")  # raises
+    same = (dst.mesh is spec.mesh and dst.placements == spec.placements) or dst == spec
+    hit = (dst, None if same else _reshard.move(spec, dst))
+    if isinstance(placements, (list, tuple)):
+        try:
+            key = (mesh, *placements)
+            hash(key)
+        except TypeError:
+            return hit
+        targets = spec.__dict__.get("_to")
+        if targets is None or len(targets) >= _TARGETS_PER_SPEC:
+            targets = {}
+            object.__setattr__(spec, "_to", targets)
+        targets[key] = hit
+    return hit
 
 
 @lru_cache(maxsize=4096)

@@ -214,6 +214,12 @@ def current(kind: str, key: tuple) -> int:
     fp = FINGERPRINTS.get((kind, key))
     if fp is None:
         fp = fingerprint(kind, key)
+    return in_context(fp) if _doing.stack else fp
+
+
+def in_context(fp: int) -> int:
+    """Fingerprint ``fp`` of a call with what the library is doing now folded in (``current``
+    does it; a caller that keeps the call's own fingerprint calls it directly)."""
     stack = _doing.stack
     if stack:
         h = 0
