@@ -281,9 +281,7 @@ def _call(op: Op, *args: Any, **attrs: Any) -> Any:
                 if grad and last[6] and autograd._state.enabled:
                     if inputs is None:
                         inputs = _inputs(args, entry.pos)
-                    autograd.record_one(
-                        op.name, last[8], inputs, args, attrs, out, last[7], extra
-                    )
+                    autograd.record_one(op.name, last[8], inputs, args, attrs, out, last[7], extra)
                 return out
             # another dtype (int x + 1 vs x + 1.5) or a wrong rule: the general wrap
             tensors = [args[i] for i in entry.pos]

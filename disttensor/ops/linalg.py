@@ -41,6 +41,8 @@ def _linear(x, w, b, xp=np):
 _MATMUL = Op("matmul", _matmul, rule="matmul", device=with_xp(_matmul))
 _LINEAR = Op("linear", _linear, rule="linear", device=with_xp(_linear))
 _DOT = Op("dot", np.dot, rule="dot", device="dot")
+
+
 @functools.lru_cache(maxsize=1024)
 def _einsum_path(equation: str, shapes: tuple[tuple[int, ...], ...]) -> list:
     """numpy's contraction order for ``equation`` on operands of ``shapes`` (found once)."""

@@ -78,8 +78,7 @@ class _Stage:
             )
         if not isinstance(dim, (str, numbers.Integral)) or isinstance(dim, bool):
             raise TypeError(
-                f"{type(self).__name__}: dim names one mesh dim (a name or an index), got "
-                f"{dim!r}"
+                f"{type(self).__name__}: dim names one mesh dim (a name or an index), got {dim!r}"
             )
         if isinstance(bucket_size_mb, bool) or not (
             isinstance(bucket_size_mb, numbers.Real) and bucket_size_mb > 0
