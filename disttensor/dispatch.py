@@ -45,7 +45,7 @@ class KernelContext:
     """What a kernel that needs the global picture gets (``Op(ctx=True)``). Read-only: the
     fast path reuses one per cached decision and coordinate."""
 
-    __slots__ = ("_locals", "coord", "inputs", "outputs", "shapes")
+    __slots__ = ("_locals", "coord", "inputs", "memo", "outputs", "shapes")
 
     def __init__(
         self,
@@ -56,6 +56,9 @@ class KernelContext:
     ) -> None:
         self.inputs, self.outputs, self.coord, self.shapes = inputs, outputs, coord, shapes
         self._locals: dict[int, tuple[int, ...]] = {}
+        # what the kernel works out from this context and its attributes, for the next call
+        # with this context (the fast path's: one decision, so the same attributes)
+        self.memo: Any = None
 
     def local_shape(self, i: int = 0) -> tuple[int, ...]:
         """Output ``i``'s local shape on this rank, from the rule's global shape (which must
@@ -790,7 +793,9 @@ def _decide(op: Op, specs, pos, nargs, attrs, mesh):
 
 
 def _moves(specs, firsts, targets):
-    """Per input, the specs to reshard through (empty: none); None when nothing moves."""
+    """Per input, the specs to reshard through (empty: none); None when nothing moves. A
+    chain that only relabels mesh dims of size 1 (``Shard(0)`` as ``Replicate`` on a mesh of
+    one rank) is empty: the local array is the same, so the op runs as if nothing moved."""
     chains = []
     for s, f, t in zip(specs, firsts, targets):
         chain, cur = [], s
@@ -798,8 +803,18 @@ def _moves(specs, firsts, targets):
             if c != cur:
                 chain.append(c)
                 cur = c
+        if chain and all(_relabels(s, c) for c in chain):
+            chain = []
         chains.append(tuple(chain))
     return tuple(chains) if any(chains) else None
+
+
+def _relabels(spec: DistSpec, dst: DistSpec) -> bool:
+    """Whether ``spec`` and ``dst`` differ only in the placements of mesh dims of size 1,
+    whose one rank holds the same local array under any placement."""
+    return all(
+        p == q or n == 1 for p, q, n in zip(spec.placements, dst.placements, spec.mesh.shape)
+    )
 
 
 def _probe(op: Op, kargs, pos, attrs, targets, out_placements):

@@ -440,30 +440,60 @@ def fetch(
     it asks for none). Partials are reduced first; then only the pieces a receiver does not
     hold are sent, point to point. Collective over the source mesh and the receivers; every
     rank must pass the same ``wants``."""
-    rank = comm.get_rank()
-    plain = spec.without_partials()
-    if rank in spec.mesh:
-        local = execute(local, spec, plain)
-    src_box = plain.local_box(spec.mesh.get_coord(rank))
+    return deliver(local, spec, fetch_plan(spec.without_partials(), wants, comm.get_rank()))
+
+
+@lru_cache(maxsize=1024)
+def fetch_plan(src: DistSpec, wants: tuple, rank: int) -> tuple:
+    """What ``fetch`` does on ``rank`` for a source of plain spec ``src`` (no Partials):
+    (the shape of the box it receives or None, its own pieces as (source index, index in the
+    box), its sends as (source index, receiver), its receives as (shape, sender, index in
+    the box)); sends and receives in ``_transfers``' order, which is how each pair of ranks
+    matches its messages. Worked out once; callers that repeat a fetch keep it."""
+    src_box = src.local_box(src.mesh.get_coord(rank))
     mine = next((box for r, box in wants if r == rank), None)
-    xp = _xp(local)  # every rank's ``local`` is of one backend, off the mesh too
-    out = None if mine is None else xp.empty(tuple(n for _, n in mine), spec.dtype)
-    w = comm.world()
-    pending = []
-    for sender, receiver, box in _transfers(plain, wants):
+    copies, sends, recvs = [], [], []
+    for sender, receiver, box in _transfers(src, wants):
         if sender == rank:
-            piece = local[tuple(slice(s.start - b, s.stop - b) for s, (b, _) in zip(box, src_box))]
+            piece = tuple(slice(s.start - b, s.stop - b) for s, (b, _) in zip(box, src_box))
             if receiver == rank:
-                out[tuple(slice(s.start - b, s.stop - b) for s, (b, _) in zip(box, mine))] = piece
+                copies.append((piece, _within(box, mine)))
             else:
-                pending.append((w.isend(contiguous(piece), receiver, tag=7), None, None))
+                sends.append((piece, receiver))
         elif receiver == rank:
-            buf = xp.empty(tuple(s.stop - s.start for s in box), spec.dtype)
-            pending.append((w.irecv(buf, sender, tag=7), buf, box))
-    for work, buf, box in pending:
+            recvs.append((tuple(s.stop - s.start for s in box), sender, _within(box, mine)))
+    shape = None if mine is None else tuple(n for _, n in mine)
+    return shape, tuple(copies), tuple(sends), tuple(recvs)
+
+
+def _within(box: tuple[slice, ...], mine: tuple[tuple[int, int], ...]) -> tuple[slice, ...]:
+    """Global ``box`` as an index into the received box that starts at ``mine``."""
+    return tuple(slice(s.start - b, s.stop - b) for s, (b, _) in zip(box, mine))
+
+
+def deliver(local: Any, spec: DistSpec, plan: tuple) -> Any:
+    """``fetch`` with its plan (``fetch_plan`` of ``spec`` without Partials, the same
+    ``wants`` on every rank, this rank)."""
+    plain = spec.without_partials()
+    if plain is not spec and comm.get_rank() in spec.mesh:
+        local = execute(local, spec, plain)
+    shape, copies, sends, recvs = plan
+    xp = _xp(local)  # every rank's ``local`` is of one backend, off the mesh too
+    out = None if shape is None else xp.empty(shape, spec.dtype)
+    for src, dst in copies:
+        out[dst] = local[src]
+    if not sends and not recvs:
+        return out
+    w = comm.world()
+    pending = [(w.isend(contiguous(local[src]), receiver, tag=7), None, None)
+               for src, receiver in sends]  # fmt: skip
+    for piece, sender, dst in recvs:
+        buf = xp.empty(piece, spec.dtype)
+        pending.append((w.irecv(buf, sender, tag=7), buf, dst))
+    for work, buf, dst in pending:
         work.wait()
         if buf is not None:
-            out[tuple(slice(s.start - b, s.stop - b) for s, (b, _) in zip(box, mine))] = buf
+            out[dst] = buf
     return out
 
 

@@ -231,20 +231,20 @@ def _region_index(ckey: tuple, box) -> tuple[tuple, tuple] | None:
 
 def write_region(target: DistTensor, ckey: tuple, value: Any) -> None:
     spec = target._spec
-    region, _ = index_layout(spec.shape, ckey)
-    vshape = _value_shape_fits(tuple(_shape(value)), region)
     rank = comm.get_rank()
-    coord = spec.mesh.get_coord(rank)
-    mine = None if coord is None else _region_index(ckey, spec.local_box(coord))
+    plans = spec.__dict__.get("_writes")  # as Note [Slice plans kept on the spec] in shape.py
+    plan = None if plans is None else plans.get((ckey, rank))
+    if plan is None:
+        plan = _write_plan(target, ckey, rank)
+        if plans is None or len(plans) >= 16:
+            plans = {}
+            object.__setattr__(spec, "_writes", plans)
+        plans[ckey, rank] = plan
+    region, coord, mine, wants = plan
+    vshape = _value_shape_fits(tuple(_shape(value)), region)
     if isinstance(value, DistTensor):
         value = _as_region(value, vshape, region)
-        wants = []
-        for r in spec.mesh.process_ids:
-            c = spec.mesh.get_coord(r)
-            hit = _region_index(ckey, spec.local_box(c))
-            if hit is not None and _writes_value(target, c):
-                wants.append((r, hit[1]))
-        piece = _reshard.fetch(value._local, value._spec, tuple(wants))
+        piece = _reshard.fetch(value._local, value._spec, wants)
         if mine is None:
             return
         if piece is None:  # a Partial(sum) target off coordinate 0
@@ -268,6 +268,23 @@ def write_region(target: DistTensor, ckey: tuple, value: Any) -> None:
         return
     v = be.xp.broadcast_to(v.reshape(vshape), region)
     target._local[src] = v[tuple(slice(s, s + n) for s, n in reg)]
+
+
+def _write_plan(target: DistTensor, ckey: tuple, rank: int) -> tuple:
+    """(the region's shape, this rank's coordinate, its part of the region as
+    ``_region_index`` gives it, every writing rank with the region box it needs) of a write
+    at ``ckey`` into a tensor of ``target``'s spec."""
+    spec = target._spec
+    region, _ = index_layout(spec.shape, ckey)
+    coord = spec.mesh.get_coord(rank)
+    mine = None if coord is None else _region_index(ckey, spec.local_box(coord))
+    wants = []
+    for r in spec.mesh.process_ids:
+        c = spec.mesh.get_coord(r)
+        hit = _region_index(ckey, spec.local_box(c))
+        if hit is not None and _writes_value(target, c):
+            wants.append((r, hit[1]))
+    return region, coord, mine, tuple(wants)
 
 
 def _as_region(value: DistTensor, vshape: tuple[int, ...], region: tuple[int, ...]) -> DistTensor:

@@ -102,6 +102,23 @@ def _getitem(x, key, *, ctx: KernelContext | None = None, xp=np):
     (the output is Partial(sum) there); an int held by another rank gives all zeros."""
     if ctx is None:
         return x[tuple(k if k is None or isinstance(k, int) else _as_slice(k) for k in key)]
+    plan = ctx.memo  # worked out at the first call with this context: the same key
+    if plan is None:
+        plan = ctx.memo = _getitem_plan(ctx, key)
+    src, dst, out_shape = plan
+    if src is None:
+        return xp.zeros(out_shape, x.dtype)
+    piece = x[src]
+    if piece.shape == out_shape:  # this rank holds all of its output shard
+        return piece
+    out = xp.zeros(out_shape, x.dtype)
+    out[dst] = piece
+    return out
+
+
+def _getitem_plan(ctx: KernelContext, key: tuple) -> tuple:
+    """(index into this rank's shard, or None when it holds none of the output; where the
+    piece goes in the output shard; the output shard's shape) for ``_getitem``."""
     spec = ctx.inputs[0]
     box = spec.local_box(ctx.coord)
     out_shape = _local(ctx, lambda: index_layout(spec.shape, key)[0])
@@ -118,7 +135,7 @@ def _getitem(x, key, *, ctx: KernelContext | None = None, xp=np):
         axis += 1
         if isinstance(k, int):
             if not start <= k < start + n:
-                return xp.zeros(out_shape, x.dtype)
+                return None, None, out_shape
             src.append(k - start)
         elif k == whole:  # kept as it is, sharded or not
             src.append(slice(None))
@@ -129,12 +146,7 @@ def _getitem(x, key, *, ctx: KernelContext | None = None, xp=np):
             local = range(part.start - start, part.stop - start, part.step)
             src.append(_as_slice(local) if j1 > j0 else slice(0, 0))
             dst.append(slice(j0, j1))
-    piece = x[tuple(src)]
-    if piece.shape == out_shape:  # this rank holds all of its output shard
-        return piece
-    out = xp.zeros(out_shape, x.dtype)
-    out[tuple(dst)] = piece
-    return out
+    return tuple(src), tuple(dst), out_shape
 
 
 def _getitem_grad(g, key, shape, *, ctx: KernelContext | None = None, xp=np):
@@ -364,31 +376,27 @@ def getitem(x, key):
 # into zeros, Partial(sum), or gathers).
 def _sliced_split(x: DistTensor, ckey: tuple) -> DistTensor | None:
     spec = x._spec
-    mesh = spec.mesh
-    entries = [k for k in ckey if k is not None]
-    split = {p.dim for m, p in enumerate(spec.placements) if p.is_shard() and mesh.shape[m] > 1}
-    if any(isinstance(entries[a], int) for a in split) or any(
-        p.is_partial() and mesh.shape[m] > 1 for m, p in enumerate(spec.placements)
-    ):
+    rank = comm.get_rank()
+    plans = spec.__dict__.get("_slices")  # Note [Slice plans kept on the spec]
+    plan = None if plans is None else plans.get((ckey, rank))
+    if plan is None:
+        plan = _slice_plan(spec, ckey, rank)
+        if plans is None or len(plans) >= _SLICES_PER_SPEC:
+            plans = {}
+            object.__setattr__(spec, "_slices", plans)
+        plans[ckey, rank] = plan
+    if plan is _BY_RULE:
         return None
-    if all(entries[a] == range(spec.shape[a]) for a in split):
-        return None  # every split axis taken whole: the rule keeps the splits, a view
-    out_shape, where = index_layout(spec.shape, ckey)
-    placements = tuple(Shard(where[p.dim]) if p.is_shard() else p for p in spec.placements)
-    out_spec = DistSpec(mesh, placements, out_shape, spec.dtype)
-    wants = tuple(
-        (r, _source_box(ckey, where, out_spec, mesh.get_coord(r))) for r in mesh.process_ids
-    )
-    piece = _reshard.fetch(x._local, spec, wants)
-    coord = mesh.get_coord(comm.get_rank())
+    out_spec, fetch, index, coord, shape = plan
+    piece = _reshard.deliver(x._local, spec, fetch)
     xp = backend.xp(x._local)  # the shards' array module (Note [Array backends])
     if coord is None:
-        local = xp.empty(out_spec.local_shape(None), spec.dtype)
+        local = xp.empty(shape, spec.dtype)
     else:
-        box = dict(wants)[comm.get_rank()]
-        local = piece[_within_box(ckey, where, out_spec.local_box(coord), box)]
+        local = piece[index]
         local = xp.ascontiguousarray(local) if local.base is not None else local
-    out = DistTensor(local.reshape(out_spec.local_shape(coord)), out_spec)
+        local = local.reshape(shape)
+    out = DistTensor(local, out_spec)
     if x.requires_grad and autograd.is_grad_enabled():
 
         def backward(grads):
@@ -398,6 +406,45 @@ def _sliced_split(x: DistTensor, ckey: tuple) -> DistTensor | None:
 
         autograd.record("getitem", (x,), (out,), backward)
     return out
+
+
+# Note [Slice plans kept on the spec]
+# A stencil slices the same tensor the same way every step (``u[2:, 1:-1]``), and the tensor
+# is the same object, or one whose spec is the same cached object. So what a slice of a split
+# axis works out (the output spec, which boxes each rank fetches from where, the index into
+# the fetched box) is kept in a small dict on the input's spec, per (canonical key, rank):
+# the next call only moves the rows and indexes them, and its output has the same spec object,
+# which the dispatch cache of the ops after it knows (Note [Dispatch fast path] in
+# dispatch.py). The dict dies with the spec and holds at most _SLICES_PER_SPEC keys.
+_SLICES_PER_SPEC = 16
+_BY_RULE = "rule"  # a key the getitem rule takes (every split kept: a view; or Partial)
+
+
+def _slice_plan(spec: DistSpec, ckey: tuple, rank: int) -> tuple | str:
+    """(output spec, this rank's fetch plan, index into the fetched box, coordinate, local
+    shape) of
+    ``x[ckey]`` for a tensor of ``spec`` (Note [Slices of split axes]), or ``_BY_RULE``."""
+    mesh = spec.mesh
+    entries = [k for k in ckey if k is not None]
+    split = {p.dim for m, p in enumerate(spec.placements) if p.is_shard() and mesh.shape[m] > 1}
+    if any(isinstance(entries[a], int) for a in split) or any(
+        p.is_partial() and mesh.shape[m] > 1 for m, p in enumerate(spec.placements)
+    ):
+        return _BY_RULE
+    if all(entries[a] == range(spec.shape[a]) for a in split):
+        return _BY_RULE  # every split axis taken whole: the rule keeps the splits, a view
+    out_shape, where = index_layout(spec.shape, ckey)
+    placements = tuple(Shard(where[p.dim]) if p.is_shard() else p for p in spec.placements)
+    out_spec = DistSpec(mesh, placements, out_shape, spec.dtype)
+    wants = tuple(
+        (r, _source_box(ckey, where, out_spec, mesh.get_coord(r))) for r in mesh.process_ids
+    )
+    coord = mesh.get_coord(rank)
+    index = None
+    if coord is not None:
+        index = _within_box(ckey, where, out_spec.local_box(coord), dict(wants)[rank])
+    fetch = _reshard.fetch_plan(spec.without_partials(), wants, rank)
+    return out_spec, fetch, index, coord, out_spec.local_shape(coord)
 
 
 def _source_box(ckey: tuple, where: dict, out_spec: DistSpec, coord) -> tuple:

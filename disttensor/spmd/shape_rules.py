@@ -161,12 +161,47 @@ def canonical_key(shape: Sequence[int], key: Any) -> tuple[int | range | None, .
     """A basic-indexing key as one entry per input axis (a non-negative int, or the ``range`` of
     indices a slice picks) plus ``None`` for each new axis; Ellipsis expanded, bounds checked.
 
-    A ``range`` entry is taken as already canonical (the form this function returns).
+    A ``range`` entry is taken as already canonical (the form this function returns). Keys
+    repeat (a stencil's shifted slices every step), so results are kept per (shape, key).
 
     >>> canonical_key((4, 5), (..., slice(None, None, -2), None))
     (range(0, 4), range(4, -1, -2), None)
     """
     key = key if isinstance(key, tuple) else (key,)
+    # slices are not hashable before Python 3.12: each as its fields (a basic key holds no
+    # tuples, so the form is unambiguous). Only keys of Python ints, slices of them, None and
+    # Ellipsis are kept: 1.0 == 1 and True == 1 as dict keys, but not as indices
+    memo: Any = [tuple(shape)]
+    for k in key:
+        t = type(k)
+        if t is slice:
+            k = (k.start, k.stop, k.step)
+            if not all(type(f) in _FIELDS for f in k):
+                memo = None
+                break
+        elif t not in _PLAIN:
+            memo = None
+            break
+        memo.append(k)
+    hit = None
+    if memo is not None:
+        memo = tuple(memo)
+        hit = _CANONICAL.get(memo)
+    if hit is None:
+        hit = _canonical(shape, key)
+        if memo is not None:
+            if len(_CANONICAL) >= 4096:
+                _CANONICAL.clear()
+            _CANONICAL[memo] = hit
+    return hit
+
+
+_CANONICAL: dict[tuple, tuple] = {}
+_PLAIN = frozenset({int, type(None), type(Ellipsis), range})
+_FIELDS = frozenset({int, type(None)})
+
+
+def _canonical(shape: Sequence[int], key: tuple) -> tuple[int | range | None, ...]:
     ellipses = sum(k is Ellipsis for k in key)
     if ellipses > 1:
         raise IndexError("an index can only have a single ellipsis ('...')")
