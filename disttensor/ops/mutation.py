@@ -66,7 +66,7 @@ from .. import autograd, backend, comm
 from .. import reshard as _reshard
 from ..accounting import outside_rules
 from ..placement import Partial, Replicate
-from ..spmd.shape_rules import canonical_key, index_layout, within
+from ..spmd.shape_rules import broadcast_shapes, canonical_key, index_layout, within
 from ..tensor import DistTensor, reshard
 from . import indexing
 
@@ -437,7 +437,7 @@ def inplace(ufunc: np.ufunc, target: DistTensor, other: Any) -> DistTensor:
     name = f"{ufunc.__name__} (in place)"
     check_writable(target, other, name)
     if ufunc is not np.matmul:
-        want = np.broadcast_shapes(target.shape, tuple(_shape(other)))
+        want = broadcast_shapes(target.shape, tuple(_shape(other)))
         if want != target.shape:
             raise ValueError(
                 f"non-broadcastable output operand with shape {target.shape} doesn't match "
@@ -461,7 +461,7 @@ def write_out(
         raise _casting_error(name, rdtype, odtype, casting)
     rshape, oshape = tuple(_shape(result)), tuple(_shape(out))
     try:
-        ok = np.broadcast_shapes(rshape, oshape) == oshape
+        ok = broadcast_shapes(rshape, oshape) == oshape
     except ValueError:
         ok = False
     if not ok:

@@ -33,6 +33,7 @@ import math
 import operator
 from bisect import bisect_left
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -231,6 +232,15 @@ def _canonical(shape: Sequence[int], key: tuple) -> tuple[int | range | None, ..
             out.append(i % n)
         axis += 1
     return tuple(out)
+
+
+@lru_cache(maxsize=4096)
+def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    """``numpy.broadcast_shapes`` of shape tuples (its ValueError too), remembered: an in-place
+    update checks the same shapes every step, and numpy's costs microseconds."""
+    if all(s == shapes[0] for s in shapes):
+        return shapes[0]
+    return np.broadcast_shapes(*shapes)
 
 
 def index_layout(shape: Sequence[int], key: tuple) -> tuple[tuple[int, ...], dict[int, int]]:
