@@ -79,3 +79,27 @@ def test_an_entry_dies_with_its_spec_and_a_new_tensor_decides_again(monkeypatch)
     assert after < before  # x's spec freed: its identity entry removed
     np.testing.assert_array_equal(value, np.arange(6.0) * 2)
     assert placements == [dt.Replicate()]
+
+
+def test_moves_that_relabel_size_one_mesh_dims_are_no_moves():
+    """A rule that wants Replicate where a size-1 mesh dim is Shard or Partial gets the same
+    local array: the plan moves nothing, so the fast path takes the next call; the values are
+    numpy's, and nothing communicates."""
+
+    def body():
+        mesh = dt.init_mesh((2, 1), dim_names=["a", "b"])
+        g = np.arange(24.0).reshape(6, 4)
+        x = dt.shard_tensor(g, mesh, [dt.Replicate(), dt.Shard(0)])
+        p = dt.shard_tensor(g, mesh, [dt.Replicate(), dt.Partial()])
+        with dt.CommCounter() as cc:
+            out = [x[1:-1, 1], x[1:-1, 1], np.exp(p), np.exp(p), p[2:, ::2]]
+        plans = [e.plan[3] for k, e in dispatch._cache.items() if isinstance(e, dispatch._Entry)]
+        return [o.numpy() for o in out], cc.counts, plans
+
+    for values, counts, plans in dt.simulate(2, body):
+        g = np.arange(24.0).reshape(6, 4)
+        want = [g[1:-1, 1], g[1:-1, 1], np.exp(g), np.exp(g), g[2:, ::2]]
+        for got, w in zip(values, want):
+            np.testing.assert_allclose(got, w)
+        assert counts == {}
+        assert plans and all(m is None for m in plans), plans

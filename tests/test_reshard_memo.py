@@ -164,3 +164,40 @@ def test_conjugate_gradient_makes_the_hand_written_collectives_under_mpiexec(tmp
         code, out = run(n, [str(script)], timeout=120)
         assert code == 0, out
         assert out.count("CG OK") == n, out
+
+
+def test_reshard_targets_are_kept_on_the_spec():
+    """Note [Reshard targets kept on the spec]: a repeated dt.reshard of tensors of one spec
+    finds its target there, with the right values and one collective each; bad placements
+    raise every time; the spec keeps a bounded number of targets."""
+
+    def body():
+        mesh = dt.init_mesh((2,))
+        x = make_input(G, mesh, [PSUM])
+        values, counts = [], []
+        for _ in range(3):
+            y, c = counted(lambda: dt.reshard(dt.DistTensor(x._local, x._spec), mesh, [R]))
+            values.append(y.numpy())
+            counts.append(c)
+        same = dt.reshard(x, mesh, (PSUM,)) is x  # the same layout: x itself
+        errors = []
+        for bad in ([dt.Shard(3)], [R, R], "R", [None]):
+            for _ in range(2):
+                try:
+                    dt.reshard(x, mesh, bad)
+                except (TypeError, ValueError) as e:
+                    errors.append(type(e).__name__)
+        y = make_input(G, mesh, [S0])
+        for _ in range(3):  # more targets than a spec keeps: still right
+            for pl in ([R], [S0], [PSUM], [dt.Partial("max")]) * 3:
+                dt.reshard(dt.DistTensor(y._local, y._spec), mesh, pl)
+        kept = len(y._spec.__dict__.get("_to", {}))
+        return values, counts, same, errors, kept
+
+    values, counts, same, errors, kept = on((2,), lambda mesh: body())
+    for v in values:
+        np.testing.assert_allclose(v, G)  # make_input: a Partial whose value is G
+    assert counts == [{"all_reduce": 1}] * 3
+    assert same
+    assert len(errors) == 8, errors
+    assert 1 <= kept <= 8

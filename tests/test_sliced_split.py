@@ -109,3 +109,59 @@ def test_partial_and_int_keys_keep_the_rule():
     assert_close(a, np.arange(12.0).reshape(4, 3)[1], "x[1]")
     assert_close(b, np.arange(12.0).reshape(4, 3)[1:3], "p[1:3]")
     assert pl_int in ([dt.Partial()], [dt.Replicate()])
+
+
+@pytest.mark.parametrize("mesh_shape", [(2,), (3,), (2, 2)], ids=str)
+def test_slice_plans_are_kept_on_the_spec(mesh_shape):
+    """Note [Slice plans kept on the spec]: a repeated slice reuses its plan (its output has
+    the same spec object), reads the data the tensor holds now (two tensors of one spec,
+    and one written in place between slices), and the plans a spec keeps stay few."""
+    g = np.random.default_rng(4).normal(size=(11, 7))  # uneven on every mesh
+
+    def body():
+        mesh = mesh_of(mesh_shape)
+        u = make_input(g, mesh, [dt.Shard(0)] + [dt.Replicate()] * (mesh.ndim - 1))
+        a, b = u * 1.0, u * 2.0  # one cached output spec, two tensors
+        same = a._spec is b._spec
+        first, second = a[2:, 1:-1], b[2:, 1:-1]
+        reused = first._spec is second._spec
+        a[3:5] = 0.0  # a write between two slices of a
+        third = a[2:, 1:-1]
+        for k in range(40):  # many keys: the spec keeps at most a bounded number of plans
+            a[k % 9 :, 1:]
+        kept = len(a._spec.__dict__.get("_slices", {}))
+        return same, reused, first.numpy(), second.numpy(), third.numpy(), kept
+
+    written = g.copy()
+    written[3:5] = 0.0
+    same, reused, first, second, third, kept = every_rank(
+        dt.simulate(mesh_of(mesh_shape).size, body)
+    )
+    assert same and reused
+    assert_close(first, g[2:, 1:-1], "a[2:, 1:-1]")
+    assert_close(second, 2 * g[2:, 1:-1], "b[2:, 1:-1]")
+    assert_close(third, written[2:, 1:-1], "a[2:, 1:-1] after a write")
+    assert 1 <= kept <= 16
+
+
+def test_float_slice_bounds_still_raise_after_int_ones():
+    """canonical_key remembers plain keys; slice(1.0, 3) equals slice(1, 3) as a dict key but
+    numpy refuses it, and so does dt, before and after the int key was seen."""
+
+    def body():
+        mesh = dt.init_mesh((2,))
+        x = make_input(np.arange(12.0).reshape(6, 2), mesh, [dt.Shard(0)])
+        errors = []
+        for key in (slice(1.0, 3), slice(1, 3), slice(1.0, 3), (slice(1, 3), 1.0)):
+            try:
+                x[key]
+            except (TypeError, IndexError) as e:
+                errors.append(type(e).__name__)
+            else:
+                errors.append(None)
+        return errors
+
+    errors = every_rank(dt.simulate(2, body))
+    assert errors[0] is not None and errors[2] is not None, errors
+    assert errors[1] is None, errors
+    assert errors[3] is not None, errors
