@@ -321,16 +321,15 @@ CASES = (
         partial(hw.kmeans, steps=6), hw.kmeans_bytes, finish=kmeans_finish,
         hw_calls=hw.kmeans_calls,
         known_calls=(
-            "3 all-reduces where the hand-written makes 1. counts = onehot.sum(axis=0) and "
-            "sums = onehot.T @ X are Partial(sum) (onehot is Shard(0)); dt reduces each Partial "
-            "tensor by an all-reduce of its own when an op first needs it, and does not put "
-            "independent pending reductions in one buffer, as the hand-written code puts the "
-            "sums beside the counts: counts (40 B) in this iteration, sums (160 B: "
-            "sums / np.maximum(counts, 1)[:, None] and np.where keep it Partial) in the next "
-            "one's X[:, None, :] - centroids[None, :, :]. And counts is reduced twice: "
-            "counts[:, None] > 0 reduces the new Partial tensor counts[:, None], "
-            "np.maximum(counts, 1) reduces counts itself; a move is remembered per tensor "
-            "(Note [One move per tensor]), and a view is another tensor"
+            "2 all-reduces where the hand-written makes 1 (the same bytes). counts = "
+            "onehot.sum(axis=0) and sums = onehot.T @ X are Partial(sum) (onehot is Shard(0)); "
+            "dt reduces each Partial tensor by an all-reduce of its own when an op first needs "
+            "it, and does not put independent pending reductions in one buffer, as the "
+            "hand-written code puts the sums beside the counts: counts (40 B) in this "
+            "iteration, where counts[:, None] > 0 reads the pick from its reduced root and "
+            "np.maximum(counts, 1) reuses it (Note [Picks read from their root]), and sums "
+            "(160 B: sums / np.maximum(counts, 1)[:, None] and np.where keep it Partial) in "
+            "the next one's X[:, None, :] - centroids[None, :, :]"
         ),
     ),
     Case("pca", "observations by rows", pca_inputs, {"X": [S0]}, pca, 1, hw.pca, hw.pca_bytes),

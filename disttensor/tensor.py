@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import weakref
 import zlib
 from collections.abc import Sequence
 from functools import lru_cache
@@ -39,8 +40,9 @@ class DistTensor:
     """A global tensor sharded over a ProcessMesh. Build one with ``dt.shard_tensor``."""
 
     # _moved: None until the first move (Note [One move per tensor])
-    __slots__ = ("_grad", "_hooks", "_local", "_moved", "_node", "_spec", "requires_grad",
-                 "__weakref__")  # fmt: skip
+    # _derived, _reads: Note [Picks read from their root]
+    __slots__ = ("_derived", "_grad", "_hooks", "_local", "_moved", "_node", "_reads", "_spec",
+                 "requires_grad", "__weakref__")  # fmt: skip
 
     def __init__(self, local: np.ndarray, spec: DistSpec, requires_grad: bool = False) -> None:
         self._local = local
@@ -50,6 +52,7 @@ class DistTensor:
         self._node = None  # (autograd Node, output index) when an op made this tensor
         self._hooks = None  # a leaf's gradient hooks (autograd.register_hook)
         self._moved: dict | None = None  # set, not left unset: reading an unset slot raises
+        self._derived: tuple | None = None
 
     @property
     def grad(self) -> DistTensor | None:
@@ -1261,6 +1264,14 @@ def moved(x: DistTensor, dst: DistSpec, chain: tuple | None = None, how: Any = N
         if out is not None:
             return out
     spec = x._spec
+    if x._derived is not None and (chain is None or len(chain) == 1):
+        local = _from_root(x, dst)
+        if local is not None:
+            if memo is None:
+                memo = x._moved = {}
+            source = x._local
+            memo[dst] = (source, local, autograd.version(source), autograd.version(local))
+            return local
     if chain is None or len(chain) == 1:
         if how is None:
             how = _reshard.move(spec, dst)
@@ -1276,6 +1287,92 @@ def moved(x: DistTensor, dst: DistSpec, chain: tuple | None = None, how: Any = N
         source = x._local
         memo[dst] = (source, local, autograd.version(source), autograd.version(local))
     return local
+
+
+# Note [Picks read from their root]
+#     An element or row picked from a split tensor (``A[i]``, ``A[i][j]`` with A split by
+#     rows) is Partial(sum): the rank that holds it has the value, the others zeros. Reading
+#     it (``abs(A[i][j])``, ``float``, ``if``, a set member) reduces it, one small
+#     collective per element, so a double loop over a 120 x 120 matrix made 14,400 of them.
+#     A pick (a basic-index getitem whose result is Partial over a mesh dim of more than one
+#     rank, from a Partial tensor too: ``counts[:, None]``) therefore remembers its root: the
+#     tensor it was picked from (or that tensor's own root), the numpy indexes that lead from
+#     the root's whole value to the pick's, and the root's and its own local arrays with
+#     their write counters (``_derived``; weak references, so a pick does not keep a large
+#     tensor alive). When the pick must become Replicate on every mesh dim, and neither it
+#     nor its root was written since, it is read from the root's whole value instead:
+#     * if that value is remembered on the root (Note [One move per tensor]): no
+#       communication at all;
+#     * else once the root has been read this way often enough that gathering it costs
+#       fewer bytes than the reads would: ``_reads`` counts them, each read standing for its
+#       bytes plus READ_BYTES (the latency of a small collective in bytes), and the root must
+#       be small enough to be remembered (MEMO_GATHER_BYTES). A Partial root reduced for its
+#       first pick (k-means' ``counts`` for ``counts[:, None]``) costs the same bytes as the
+#       pick, and is then remembered for the root's own uses.
+#     Every rank decides alike: the picks, reads and writes are the program's. Ranks outside
+#     the root's mesh take the ordinary path (nothing to move there). The value is the same:
+#     a pick of the reduced root is the reduction of the pick, element by element.
+READ_BYTES = 4096
+
+
+def derive(out: DistTensor, x: DistTensor, index: tuple) -> None:
+    """Record that ``out`` is ``x[index]`` (a numpy index of ``x``'s whole value) and is
+    Partial: Note [Picks read from their root]."""
+    root, keys = x, (index,)
+    d = x._derived
+    if d is not None and _intact(x, d):
+        root = d[0]()
+        if root is None:
+            root = x
+        else:
+            keys = d[3] + (index,)
+    try:
+        out._derived = (
+            weakref.ref(root),
+            weakref.ref(root._local),
+            autograd.version(root._local),
+            keys,
+            autograd.version(out._local),
+        )
+    except TypeError:  # an array type without weak references: no root
+        out._derived = None
+
+
+def _intact(x: DistTensor, d: tuple) -> bool:
+    """Whether pick ``x`` and its root are as they were when ``x`` was picked."""
+    root = d[0]()
+    return (
+        root is not None
+        and root._local is d[1]()
+        and autograd.version(root._local) == d[2]
+        and autograd.version(x._local) == d[4]
+    )
+
+
+def _from_root(x: DistTensor, dst: DistSpec) -> Any:
+    """Pick ``x``'s local array in the all-Replicate ``dst``, read from its root's whole value
+    (None: take the ordinary move): Note [Picks read from their root]."""
+    d = x._derived
+    if not all(p.is_replicate() for p in dst.placements) or not _intact(x, d):
+        return None
+    root = d[0]()
+    rspec = root._spec
+    if rspec.mesh.get_coord(comm.get_rank()) is None:
+        return None
+    full = _target(rspec.mesh, (Replicate(),) * rspec.mesh.ndim, rspec.shape, rspec.dtype)
+    whole = remembered(root, full)
+    if whole is None:
+        nbytes = math.prod(rspec.shape) * rspec.dtype.itemsize
+        reads = getattr(root, "_reads", 0) + 1
+        root._reads = reads
+        if nbytes > MEMO_GATHER_BYTES:
+            return None
+        if reads * (math.prod(dst.shape) * dst.dtype.itemsize + READ_BYTES) < nbytes:
+            return None
+        whole = moved(root, full)
+    for index in d[3]:
+        whole = whole[index]
+    return whole
 
 
 # Note [Reshard targets kept on the spec]

@@ -201,3 +201,65 @@ def test_reshard_targets_are_kept_on_the_spec():
     assert same
     assert len(errors) == 8, errors
     assert 1 <= kept <= 8
+
+
+# -- Note [Picks read from their root] -------------------------------------------------------
+@pytest.mark.parametrize("mesh_shape", [(2,), (3,), (2, 2)], ids=str)
+def test_element_loops_read_picks_from_their_root(mesh_shape):
+    """A double loop reading every element of a row-split matrix (A[i][j]) gathers the matrix
+    once instead of reducing each element: a few collectives, numpy's values; a write into
+    the matrix is seen by the reads after it."""
+    n = 13  # uneven on every mesh
+    g = np.random.default_rng(5).normal(size=(n, n))
+
+    def body(mesh):
+        A = make_input(g, mesh, [S0] + [R] * (mesh.ndim - 1))
+        with dt.CommCounter() as cc:
+            first = [[float(A[i][j]) for j in range(n)] for i in range(n)]
+        A[4, 5] = 100.0  # a write: the gathered value is stale
+        with dt.CommCounter() as cc2:
+            second = [float(A[i, j]) for i in range(n) for j in range(n)]
+        return first, second, cc.total, cc2.total
+
+    first, second, c1, c2 = on(mesh_shape, body)
+    np.testing.assert_array_equal(np.array(first), g)
+    w = g.copy()
+    w[4, 5] = 100.0
+    np.testing.assert_array_equal(np.array(second).reshape(n, n), w)
+    assert c1 <= 16 and c2 <= 16, (c1, c2)  # n * n = 169 reads, one small reduction each before
+
+
+def test_a_pick_of_a_partial_tensor_reduces_its_root_once():
+    """counts[:, None] > 0 then np.maximum(counts, 1) (k-means): one all-reduce of counts,
+    which both uses read; a pick written in place keeps its own value."""
+
+    def body(mesh):
+        counts = make_input(np.arange(5.0), mesh, [PSUM])
+        with dt.CommCounter() as cc:
+            a = counts[:, None] > 0
+            b = np.maximum(counts, 1)
+        c = make_input(np.arange(5.0), mesh, [PSUM])
+        pick = c[1:3]
+        pick[0] = 10.0  # written: read as itself, not from c
+        return a.numpy(), b.numpy(), cc.counts, pick.numpy(), c.numpy()
+
+    a, b, counts, pick, c = on((2,), body)
+    np.testing.assert_array_equal(a.ravel(), np.arange(5.0) > 0)
+    np.testing.assert_array_equal(b, np.maximum(np.arange(5.0), 1))
+    assert counts == {"all_reduce": 1}
+    np.testing.assert_array_equal(pick, [10.0, 2.0])
+    np.testing.assert_array_equal(c, [0.0, 10.0, 2.0, 3.0, 4.0])  # numpy: the view writes c
+
+
+def test_a_pick_outlives_its_root():
+    """A pick holds its root weakly: with the root gone it reduces itself."""
+    import gc
+
+    def body(mesh):
+        A = make_input(np.arange(12.0).reshape(4, 3), mesh, [S0])
+        v = A[2][1]
+        del A
+        gc.collect()
+        return float(v)
+
+    assert on((2,), body) == 7.0

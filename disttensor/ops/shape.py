@@ -38,7 +38,7 @@ from ..spmd.shape_rules import (
     squeeze_shape,
     within,
 )
-from ..tensor import DistTensor
+from ..tensor import DistTensor, derive
 from . import indexing, mutation
 
 
@@ -359,9 +359,17 @@ def getitem(x, key):
         mutation.remember_copy(out, x, ckey)
         return out
     out = OPS["getitem"](x, key=ckey)
+    if _picked(out._spec):  # Note [Picks read from their root] in tensor.py
+        index = tuple(k if k is None or isinstance(k, int) else _as_slice(k) for k in ckey)
+        derive(out, x, (*index, Ellipsis))  # the Ellipsis: a 0-d array, not a scalar
     if not mutation.is_view_of(out._spec, x._spec):
         mutation.remember_copy(out, x, ckey)
     return out
+
+
+def _picked(spec: DistSpec) -> bool:
+    """Whether a getitem result of ``spec`` is Partial over a mesh dim of several ranks."""
+    return any(p.is_partial() and n > 1 for p, n in zip(spec.placements, spec.mesh.shape))
 
 
 # Note [Slices of split axes]
