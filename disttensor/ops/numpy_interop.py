@@ -77,12 +77,27 @@ def implements(*funcs: Callable, name: str, writes: bool = False):
     def deco(impl):
         for func in funcs:
             sig = inspect.signature(func)
+            plain = all(
+                p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in sig.parameters.values()
+            )
+            names = tuple(sig.parameters)
+            seen: set[tuple] = set()  # call shapes that bound (below)
 
-            def run(*args, _sig=sig, **kwargs):
+            def run(*args, _sig=sig, _plain=plain, _names=names, _seen=seen, **kwargs):
+                # Signature.bind costs microseconds; a call of a shape (positional count and
+                # keyword names) that bound once binds the same way: positionals to the first
+                # parameters, keywords by name (functions without *args and **kwargs)
+                shape = (len(args), *kwargs)
+                if shape in _seen:
+                    given = dict(zip(_names, args))
+                    given.update(kwargs)
+                    return impl(given)
                 try:
                     given = _sig.bind(*args, **kwargs).arguments
                 except TypeError as e:
                     raise Unsupported(str(e)) from None
+                if _plain:
+                    _seen.add(shape)
                 return impl(dict(given))
 
             NUMPY_TABLE[func] = Entry(name, run, writes)
