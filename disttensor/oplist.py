@@ -31,6 +31,7 @@ import numpy as np
 from . import ops as _ops
 from . import spmd
 from .ops import numpy_interop as _interop
+from .ops.elementwise import ALIASES as _ALIASES
 
 COMMAND = "python -m disttensor.oplist > docs/ops.md"
 
@@ -64,7 +65,17 @@ _PROBES: dict[str, Callable[[Any, Any], Any]] = {
     "swapaxes": lambda dt, x: dt.swapaxes(x, 0, 1),
     "take_along_axis": lambda dt, x: dt.take_along_axis(x, dt.argsort(x, axis=1), axis=1),
     "where": lambda dt, x: dt.where(dt.greater(x, 0.0), x, 0.0),
+    "ldexp": lambda dt, x: dt.ldexp(x, 2),
+    "vecdot": lambda dt, x: dt.vecdot(x, x),
+    "matvec": lambda dt, x: dt.matvec(x, x[0]),
+    "vecmat": lambda dt, x: dt.vecmat(x[0], x),
 }
+# numpy's integer and bitwise ufuncs (ops/elementwise.py NUMPY_ONLY) take integer tensors
+for _name in ("bitwise_and", "bitwise_or", "bitwise_xor", "gcd", "lcm", "left_shift",
+              "right_shift"):  # fmt: skip
+    _PROBES[_name] = lambda dt, x, n=_name: getattr(dt, n)(dt.astype(x, np.int64), 1)
+for _name in ("invert", "bitwise_count"):
+    _PROBES[_name] = lambda dt, x, n=_name: getattr(dt, n)(dt.astype(x, np.int64))
 # the calls tried in turn for every other op
 _TRIES: tuple[Callable[[Callable, Any], Any], ...] = (
     lambda op, x: op(x),
@@ -77,6 +88,7 @@ _TRIES: tuple[Callable[[Callable, Any], Any], ...] = (
 def calls(name: str) -> list[Callable[[Any, Any], Any]]:
     """The calls ``call(dt, x)`` of op ``name`` the gradient probe tries in turn (x: a float
     DistTensor of shape (4, 4)); the first that runs decides."""
+    name = _ALIASES.get(name, name)  # dt.acos is dt.arccos: called the same way
     if name in _PROBES:
         return [_PROBES[name]]
     return [lambda dt_, x, t=t: t(getattr(dt_, name), x) for t in _TRIES]
@@ -245,7 +257,7 @@ def ops_part() -> list[str]:
         lines += [f"## {FAMILIES.get(fam, fam)}", "", _row("op", "SPMD rule", "gradient")]
         lines.append(_row("---", "---", "---"))
         for name in names:
-            rule = "yes" if name in rules else "no"
+            rule = "yes" if _ALIASES.get(name, name) in rules else "no"
             lines.append(_row(f"`dt.{name}`", rule, gradient_of(name)))
         lines.append("")
     lines += [

@@ -1349,8 +1349,7 @@ def ufunc_cases() -> list[GradCase]:
         "modf": "away",
     }
     cases = [
-        GradCase(n, getattr(dt, n), getattr(np, n), (d(dom),), (n,))
-        for n, dom in unary.items()
+        GradCase(n, getattr(dt, n), getattr(np, n), (d(dom),), (n,)) for n, dom in unary.items()
     ]
     cases += [
         GradCase("np.arccos", np.arccos, np.arccos, (d("unit"),), ("arccos",)),

@@ -62,7 +62,7 @@ RECORDED = [
 
 
 def plant(file: str, old: str, new: str, tests: str, timeout: float, k: str = "") -> str:
-    """"caught", "caught (timeout)" or "missed": the test file's verdict with the plant in."""
+    """ "caught", "caught (timeout)" or "missed": the test file's verdict with the plant in."""
     path = ROOT / file
     text = path.read_text()
     if text.count(old) != 1:

@@ -39,9 +39,7 @@ class _Traced(np.ndarray):
         plain = tuple(a.view(np.ndarray) if isinstance(a, _Traced) else a for a in inputs)
         out = kwargs.get("out")
         if out is not None:
-            kwargs["out"] = tuple(
-                a.view(np.ndarray) if isinstance(a, _Traced) else a for a in out
-            )
+            kwargs["out"] = tuple(a.view(np.ndarray) if isinstance(a, _Traced) else a for a in out)
         result = getattr(ufunc, method)(*plain, **kwargs)
         results = result if isinstance(result, tuple) else (result,)
         if _Traced.log is not None:

@@ -258,6 +258,16 @@ NO_GRADIENT_BY_DESIGN = {
 def test_public_ops_have_a_kernel_and_a_rule():
     public = {name for family in FAMILIES for name in family.__all__}
     assert public <= set(dt.ops.__all__) and all(hasattr(dt, name) for name in public)
+    # numpy's aliases are the functions of the names they alias (dt.acos is dt.arccos);
+    # numpy's integer and bitwise ufuncs, fmod, float_power and ldexp have kernels and rules
+    # of their own, tested on their domains by tests/test_ufuncs.py
+    for alias, name in elementwise.ALIASES.items():
+        assert getattr(dt, alias) is getattr(dt, name), alias
+    for name, op in elementwise.NUMPY_ONLY_OPS.items():
+        assert isinstance(op, Op) and get_rule(op.rule) is not None, name
+    public -= {*elementwise.ALIASES, *elementwise.NUMPY_ONLY}
+    # the gufuncs: numpy's ufunc protocol runs dt.einsum (tests/test_ufuncs.py)
+    public -= {"vecdot", "matvec", "vecmat"}
     table = val.op_table()
     kernel = {name for name in public if isinstance(table.get(name), Op)}
     rule = {name for name in kernel if get_rule(table[name].rule) is not None}

@@ -688,3 +688,43 @@ def test_game_of_life_keeps_its_row_split(mesh_shape):
             # each rank sends its boundary rows: 6 rolls across the split axis, a row or two
             # each (the row counts of an int64 neighbour sum stay local)
             assert nbytes <= 12 * row and nbytes < board / 4, (nbytes, board)
+
+
+# -- dt.<name> for every ufunc name ------------------------------------------------------------
+def test_every_ufunc_name_is_a_dt_function():
+    """numpy's ufunc names as dt functions (isnat takes datetimes, which no DistTensor holds):
+    aliases are the functions they alias; the integer ones, fmod, float_power, ldexp and the
+    gufuncs give numpy's values on split tensors and keep the split."""
+    names = {n for n in dir(np) if isinstance(getattr(np, n), np.ufunc)} - {"isnat"}
+    assert not [n for n in names if not callable(getattr(dt, n, None))]
+    assert dt.acos is dt.arccos and dt.pow is dt.power and dt.bitwise_not is dt.invert
+
+    rng = np.random.default_rng(62)
+    x, y = rng.normal(0, 3, (7, 4)), rng.uniform(0.5, 2, (7, 4))
+    i, j = rng.integers(-9, 10, (7, 4)), rng.integers(1, 5, (7, 4))
+    calls = {
+        "fmod": (lambda m, a, b: m.fmod(a, b), x, y),
+        "float_power": (lambda m, a, b: m.float_power(b, a), x, y),
+        "ldexp": (lambda m, a, b: m.ldexp(a, b), x, j),
+        "bitwise_xor": (lambda m, a, b: m.bitwise_xor(a, b), i, j),
+        "gcd": (lambda m, a, b: m.gcd(a, b), i, j),
+        "right_shift": (lambda m, a, b: m.right_shift(a, b), i, j),
+        "bitwise_count": (lambda m, a, b: m.bitwise_count(a), i, j),
+        "atan2": (lambda m, a, b: m.atan2(a, b), x, y),
+        "vecdot": (lambda m, a, b: m.vecdot(a, b), x, y),
+    }
+
+    def body(mesh):
+        out = {}
+        for name, (f, a, b) in calls.items():
+            got = f(dt, make_input(a, mesh, [S0]), make_input(b, mesh, [S0]))
+            out[name] = (got.numpy(), got.placements)
+        return out
+
+    got = every_rank(simulate_on((2,), body))
+    for name, (f, a, b) in calls.items():
+        value, placements = got[name]
+        want = f(np, a, b)
+        assert value.dtype == want.dtype, name
+        np.testing.assert_allclose(value, want, rtol=1e-12, err_msg=name)
+        assert placements == [S0], (name, placements)

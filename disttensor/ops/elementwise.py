@@ -121,14 +121,14 @@ INTERVAL_UNARY = {
     "arcsin": np.arcsin,
     "arctanh": np.arctanh,
 }
-# Ops that numpy's ufuncs (``np.bitwise_and(x, y)``, ``np.gcd``, ``np.fmod``, ...) and the
-# DistTensor operators (``& | ^ ~ << >>``) run, not exported as dt functions: numpy's integer
-# and bitwise ufuncs and ldexp (whose exponent is an integer) take no float tensor, which the
-# op list's gradient probe (disttensor/oplist.py) calls every dt function with; fmod and
+# Ops that numpy's ufuncs (``np.bitwise_and(x, y)``, ``np.gcd``, ``np.fmod``, ...), the
+# DistTensor operators (``& | ^ ~ << >>``) and the dt functions of the same names run, kept out
+# of UNARY and BINARY, whose test grids take float arguments from all the reals: numpy's
+# integer and bitwise ufuncs and ldexp (whose exponent is an integer) take no float tensor
+# (the op list's gradient probe, disttensor/oplist.py, calls them on integers); fmod and
 # float_power have gradients, and a BINARY op's are checked by tests/test_grad.py on arguments
 # from all the reals, where central differences of these fail (divisors near 0, negative
-# bases): tests/test_ufuncs.py checks them on their domains, through np.fmod and
-# np.float_power.
+# bases): tests/test_ufuncs.py checks them on their domains.
 NUMPY_ONLY = {
     "bitwise_and": np.bitwise_and,
     "bitwise_or": np.bitwise_or,
@@ -246,7 +246,7 @@ def _op(name: str, kernel) -> Op:
 OPS: dict[str, Op] = {
     name: _op(name, k) for name, k in {**UNARY, **BINARY, **INTERVAL_UNARY}.items()
 }
-# the ops of NUMPY_ONLY (not exported; run by numpy's ufuncs and the operators)
+# the ops of NUMPY_ONLY (run by numpy's ufuncs, the operators and their dt functions)
 NUMPY_ONLY_OPS: dict[str, Op] = {name: _op(name, k) for name, k in NUMPY_ONLY.items()}
 GRAD_OPS: dict[str, Op] = {
     name: Op(name, k, rule=name, device=DEVICE[name]) for name, k in UNARY_GRAD.items()
@@ -289,8 +289,8 @@ def astype(x, dtype):
     return OPS["astype"](x, dtype=dtype)
 
 
-def _public(name: str):
-    op = OPS[name]
+def _public(name: str, op: Op | None = None):
+    op = OPS[name] if op is None else op
 
     def f(*args):
         return op(*args)
@@ -307,5 +307,29 @@ _TWO_OUTPUTS = {"divmod", "modf", "frexp"}
 
 for _name in (*UNARY, *BINARY, *INTERVAL_UNARY):
     globals()[_name] = _public(_name)
+for _name in NUMPY_ONLY:  # exported too, outside the float test grids (above)
+    globals()[_name] = _public(_name, NUMPY_ONLY_OPS[_name])
 
-__all__ = [*UNARY, *BINARY, *INTERVAL_UNARY, "where", "clip", "astype"]
+
+def _aliases() -> dict[str, str]:
+    """numpy's other names of the ufuncs exported here (np.acos is np.arccos, np.pow is
+    np.power, np.bitwise_not is np.invert): alias -> the exported name. dt.acos is dt.arccos,
+    the same function."""
+    exported = {}
+    for name in (*UNARY, *BINARY, *INTERVAL_UNARY, *NUMPY_ONLY):
+        f = getattr(np, name, None)
+        if isinstance(f, np.ufunc):
+            exported.setdefault(f, name)
+    out = {}
+    for name in dir(np):
+        f = getattr(np, name)
+        if isinstance(f, np.ufunc) and f in exported and name not in globals():
+            out[name] = exported[f]
+    return out
+
+
+ALIASES = _aliases()
+for _alias, _name in ALIASES.items():
+    globals()[_alias] = globals()[_name]
+
+__all__ = [*UNARY, *BINARY, *INTERVAL_UNARY, *NUMPY_ONLY, *ALIASES, "where", "clip", "astype"]

@@ -115,4 +115,21 @@ def outer(x, y):
     return _OUTER(x, y)
 
 
-__all__ = ["dot", "einsum", "linear", "matmul", "outer"]
+def vecdot(x1, x2, /, **kwargs):
+    """``np.vecdot(x1, x2)``: sum(conj(x1) * x2) over the last axis, batch axes broadcast;
+    numpy's ufunc protocol runs it (dt.einsum on DistTensors: ops/numpy_interop.py)."""
+    return np.vecdot(x1, x2, **kwargs)
+
+
+def matvec(x1, x2, /, **kwargs):
+    """``np.matvec(x1, x2)``: (..., m, n) matrices times (..., n) vectors (as ``vecdot``)."""
+    return np.matvec(x1, x2, **kwargs)
+
+
+def vecmat(x1, x2, /, **kwargs):
+    """``np.vecmat(x1, x2)``: conj of (..., n) vectors times (..., n, m) matrices (as
+    ``vecdot``)."""
+    return np.vecmat(x1, x2, **kwargs)
+
+
+__all__ = ["dot", "einsum", "linear", "matmul", "matvec", "outer", "vecdot", "vecmat"]
