@@ -335,7 +335,58 @@ def case_errors(world: int) -> int:
     return checks + 1
 
 
-MPI_CASES = [case_stages, case_merge, case_dp_mp, case_state_dict, case_errors]
+def case_scattered_in_backward(world: int) -> int:
+    """Stages 2 and 3 under DataParallel with small buckets (Note [Gradients scattered in
+    backward]): the reduce-scatters run during backward (the k-th pass with gradient
+    merge), the step makes none, gradients finished before the step are already slices,
+    and the parameters equal one process's."""
+    checks = 0
+    for k in (1, 2):
+        want = reference("Adam", k=k)
+        for stage in (dt.ShardingStage2, dt.ShardingStage3):
+            what = f"{stage.__name__} k_steps={k} on {world} ranks, scattered in backward"
+            mesh = dt.ProcessMesh(list(range(world)), ["dp"])
+            model = Scaled(mesh)
+            tiny = 64 / 2**20  # 64 bytes: a bucket per gradient or two
+            run = dt.DataParallel(
+                model, mesh, dim="dp", k_steps=k, bucket_size_mb=tiny, first_bucket_size_mb=tiny
+            )
+            opt = dt.shard_optimizer(optimizer("Adam", list(model.parameters())), stage("dp"))
+            for step in range(3):
+                backward: dict = {}
+                for micro in range(k):
+                    x, y = data(step * k + micro)
+                    xs = dt.shard_tensor(x, mesh, [dt.Shard(0)])
+                    ys = dt.shard_tensor(y, mesh, [dt.Shard(0)])
+                    loss = ((run(xs) - ys) ** 2).mean()
+                    with dt.CommCounter() as cc:
+                        loss.backward()
+                    backward = dict(cc.counts)
+                sliced = [
+                    p.grad is not None and isinstance(p.grad.placements[0], dt.Shard)
+                    for p in model.parameters()
+                ]
+                with dt.CommCounter() as cc:
+                    opt.step()
+                at_step = dict(cc.counts)
+                opt.zero_grad()
+                if world > 1:
+                    assert backward.get("reduce_scatter", 0) >= 2, f"{what}: {backward}"
+                    assert "reduce_scatter" not in at_step, f"{what}: {at_step}"
+                    assert any(sliced), f"{what}: no gradient a slice before the step"
+            close({n: p.numpy() for n, p in model.named_parameters()}, want, what)
+            checks += 1
+    return checks
+
+
+MPI_CASES = [
+    case_stages,
+    case_merge,
+    case_dp_mp,
+    case_state_dict,
+    case_errors,
+    case_scattered_in_backward,
+]
 
 
 def main(names: list[str]) -> None:

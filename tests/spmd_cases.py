@@ -345,6 +345,15 @@ def case_comm_layer(world: int) -> None:
         w.reduce_scatter(full[rank].copy(), out, counts, "max")
         start = sum(counts[:rank])
         assert np.array_equal(out, full.max(0)[start : start + counts[rank]])
+        work = w.ireduce_scatter(full[rank].copy(), out2 := np.empty_like(out), counts, "max")
+        work.wait()
+        assert work.is_completed() and np.array_equal(out, out2)
+        big = global_value((n, 3000), dtype, seed=5)  # past the envelope: MPI's own call
+        bigc = [3000 // n + (1 if i < 3000 % n else 0) for i in range(n)]
+        out3 = np.empty(bigc[rank], dtype)
+        w.ireduce_scatter(big[rank].copy(), out3, bigc, "max").wait()
+        s3 = sum(bigc[:rank])
+        assert np.array_equal(out3, big.max(0)[s3 : s3 + bigc[rank]])
         # all-to-all: rank i sends (i + j) % 3 + 1 copies of 10 * i + j to rank j
         sc = [(rank + j) % 3 + 1 for j in range(n)]
         send = np.concatenate([np.full(c, 10 * rank + j, dtype) for j, c in enumerate(sc)])

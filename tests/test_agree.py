@@ -196,6 +196,14 @@ def _kind_iallreduce_or_allreduce(w, rank):
         w.allreduce(send, out, "sum")
 
 
+def _kind_ireduce_scatter_or_reduce_scatter(w, rank):
+    send, out = np.ones(4), np.empty(2)
+    if rank == 0:
+        w.ireduce_scatter(send, out, [2, 2], "sum").wait()
+    else:
+        w.reduce_scatter(send, out, [2, 2], "sum")
+
+
 def _dtype(w, rank):
     dtype = F32 if rank == 0 else F64
     w.allreduce(np.ones(4, dtype), np.empty(4, dtype), "sum")
@@ -432,6 +440,11 @@ CASES = [
         # ever): the check tells them apart
         _calls("iall_reduce float64, 4, sum", "all_reduce float64, 4, sum"),
     ),
+    Case(
+        "kind_ireduce_scatter_or_reduce_scatter",
+        _kind_ireduce_scatter_or_reduce_scatter,
+        _calls("ireduce_scatter float64, (2, 2), sum", "reduce_scatter float64, (2, 2), sum"),
+    ),
     Case("dtype", _dtype, _calls("all_reduce float32, 4, sum", "all_reduce float64, 4, sum")),
     Case("count", _count, _calls("all_reduce float64, 4, sum", "all_reduce float64, 5, sum")),
     Case(
@@ -513,6 +526,7 @@ class DataMoved(AssertionError):
 DATA_CALLS = (
     "allreduce",
     "iallreduce",
+    "ireduce_scatter",
     "allgather",
     "reduce_scatter",
     "alltoall",

@@ -198,6 +198,19 @@ class Communicator:
         if not carried:
             self._reduce_scatter(send, recv, counts, op)
 
+    def ireduce_scatter(
+        self, send: np.ndarray, recv: np.ndarray, counts: Sequence[int], op: str = "sum"
+    ) -> Work:
+        """Non-blocking ``reduce_scatter``: neither buffer may be touched until the returned
+        Work's ``wait()``. Counted as a reduce_scatter; checked as a kind of its own, as
+        ``iallreduce`` is."""
+        work = None
+        if agree.CHECK:
+            key = (send.dtype, tuple(counts), op)
+            work = self._agree_before("ireduce_scatter", key, (send, recv, counts, op))
+        record("reduce_scatter", send.nbytes)
+        return self._ireduce_scatter(send, recv, counts, op) if work is None else work
+
     def alltoall(
         self,
         send: np.ndarray,
@@ -262,6 +275,10 @@ class Communicator:
 
     def _iallreduce(self, send: np.ndarray, recv: np.ndarray, op: str) -> Work:
         self._allreduce(send, recv, op)
+        return Work()
+
+    def _ireduce_scatter(self, send, recv, counts, op) -> Work:
+        self._reduce_scatter(send, recv, counts, op)
         return Work()
 
     def _allreduce(self, send, recv, op):

@@ -202,6 +202,11 @@ def _unpack_reduce_scatter(c, e, send, recv, counts, op):
     return True
 
 
+def _unpack_ireduce_scatter(c, e, send, recv, counts, op):
+    _unpack_reduce_scatter(c, e, send, recv, counts, op)
+    return Work()  # already complete
+
+
 def _put(e, a: np.ndarray, offset: int = 0) -> int:
     """``a``'s bytes into this rank's payload at ``offset``: the payload's end, or -1."""
     end = offset + a.nbytes
@@ -292,6 +297,7 @@ def _unpack_object(c, e, obj):
 _RIDES = {  # all_reduce rides in MPIComm.allreduce, written out
     "iall_reduce": (_pack_reduce, _unpack_iallreduce),
     "reduce_scatter": (_pack_reduce, _unpack_reduce_scatter),
+    "ireduce_scatter": (_pack_reduce, _unpack_ireduce_scatter),
     "all_gather": (_pack_allgather, _unpack_allgather),
     "all_to_all": (_pack_alltoall, _unpack_alltoall),
     "broadcast": (_pack_broadcast, _unpack_broadcast),
@@ -422,6 +428,18 @@ class MPIComm(Communicator):
         s, r, mop, wide = self._reduce_view(send, recv, op)
         self.comm.Reduce_scatter(s, r, list(counts), mop)  # bool is 1 byte: counts hold
         self._finish(recv, wide, op)
+
+    @_staged(1)
+    def _ireduce_scatter(self, send, recv, counts, op):
+        _mpi()
+        s, r, mop, wide = self._reduce_view(send, recv, op)
+        req = self.comm.Ireduce_scatter(s, r, list(counts), mop)
+
+        def wait() -> None:
+            req.Wait()
+            self._finish(recv, wide, op)
+
+        return Work(wait, req.Test)
 
     # Data movement ------------------------------------------------------------------------
     @_staged(1)
@@ -610,6 +628,7 @@ for _name, _what in [
 ]:
     _watched(_name, _what)
 _watched("_iallreduce", "all_reduce", nonblocking=True)
+_watched("_ireduce_scatter", "reduce_scatter", nonblocking=True)
 _watched("_isend", "send", nonblocking=True, peer="to")
 _watched("_irecv", "recv", nonblocking=True, peer="from")
 

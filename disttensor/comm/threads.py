@@ -201,7 +201,7 @@ class ThreadComm(Communicator):
 
         self._x(send, "all_gather", compute)
 
-    def _reduce_scatter(self, send, recv, counts, op):
+    def _reduce_scatter(self, send, recv, counts, op, what="reduce_scatter"):
         d = displacements(counts)[self.rank]
         c = counts[self.rank]
 
@@ -209,7 +209,12 @@ class ThreadComm(Communicator):
             mine = [a.reshape(-1)[d : d + c] for a in items]
             recv.reshape(-1)[...] = reduce_arrays(mine, op)
 
-        self._x(send, "reduce_scatter", compute)
+        self._x(send, what, compute)
+
+    def _ireduce_scatter(self, send, recv, counts, op):
+        # done at once, but met as a kind of its own (as _iallreduce)
+        self._reduce_scatter(send, recv, counts, op, "ireduce_scatter")
+        return Work()
 
     def _alltoall(self, send, send_counts, recv, recv_counts):
         send_counts = send_counts or equal_counts(send, self.size)

@@ -72,6 +72,10 @@ class Bucket:
     buffer: Any = None
     offsets: np.ndarray | None = None  # kernels/bucket.py's layout: member k at [o[k], o[k+1])
     work: Any = None  # the reduction in flight
+    # a reduce-scatter bucket's launch in flight, and the gradients (slices) it gave this
+    # round: Note [Gradients scattered in backward] in parallel/sharding.py
+    scattered: Any = None
+    slices: list = field(default_factory=list)
     present: list[bool] = field(default_factory=list)  # per member: packed this round
     filled: int = 0  # members accounted for this round (packed, or known absent)
     launched: bool = False
@@ -142,6 +146,9 @@ class Reducer:
         self.building: dict[tuple, Bucket] | None = None  # open buckets while a layout forms
         self.stale = False
         self.announced = False
+        # a sharding stage that reduce-scatters the gradients of its split parameters
+        # (Note [Gradients scattered in backward] in parallel/sharding.py)
+        self.scatter: Any = None
 
     # -- one round: members arrive (final gradients), buckets launch, finish waits ----------
     def begin(self) -> None:
@@ -163,7 +170,7 @@ class Reducer:
             return
         slot = self.slots.get(id(p))
         if slot is None:  # a gradient the layout does not know
-            if bucket_key(g._spec, self.dims) is not None:
+            if self._key(p, g) is not None:
                 self.stale = True
             return
         b, i = slot
@@ -177,8 +184,15 @@ class Reducer:
         if launch and b.filled == len(b.members):
             self._launch(b, blocking=False)
 
+    def _key(self, p: Any, g: Any) -> tuple | None:
+        """The bucket key of ``p``'s gradient ``g``: a reduce-scatter bucket's for the split
+        parameters of a sharding stage, else ``bucket_key``'s."""
+        if self.scatter is not None and self.scatter.holds(p):
+            return self.scatter.key(p, g)
+        return bucket_key(g._spec, self.dims)
+
     def _place_new(self, p: Any, g: Any, launch: bool) -> None:
-        key = bucket_key(g._spec, self.dims)
+        key = self._key(p, g)
         if key is None or id(p) in self.slots:
             return
         b = self.building.get(key)
@@ -193,15 +207,17 @@ class Reducer:
         if b is None:
             group = comm.group(group_ranks(self.mesh, key[0], comm.get_rank()))
             b = self.building[key] = Bucket(key, group, backend.of(g._local))
-        b.add(p, g._spec, reduced_spec(g._spec, key[0]), g._local.shape)
+        reduced = reduced_spec(g._spec, key[0]) if len(key) == 3 else self.scatter.reduced(p, g)
+        b.add(p, g._spec, reduced, g._local.shape)
         b.present.append(True)
         b.filled += 1
         self.slots[id(p)] = (b, len(b.members) - 1)
 
     def _close(self, b: Bucket) -> None:
         del self.building[b.key]
-        b.buffer = b.on.xp.empty(b.size, np.dtype(b.key[1]))
-        b.offsets = bucket_offsets([m.shape for m in b.members])  # host arithmetic
+        if len(b.key) == 3:  # an all-reduce bucket; a reduce-scatter one packs at each launch
+            b.buffer = b.on.xp.empty(b.size, np.dtype(b.key[1]))
+            b.offsets = bucket_offsets([m.shape for m in b.members])  # host arithmetic
         self.buckets.append(b)
 
     def end_of_backward(self, launch: bool) -> None:
@@ -220,8 +236,9 @@ class Reducer:
         """Let MPI progress the reductions in flight: one test call runs the progress engine
         for all of them, so only the oldest is tested."""
         for b in self.buckets:
-            if b.work is not None:
-                b.work.test()
+            work = b.work if b.scattered is None else b.scattered.work
+            if work is not None:
+                work.test()
                 return
 
     def flush(self, order: list) -> None:
@@ -246,6 +263,9 @@ class Reducer:
                 self._launch(b, blocking=True)
 
     def _launch(self, b: Bucket, blocking: bool) -> None:
+        if len(b.key) > 3:  # Note [Gradients scattered in backward]
+            self._launch_scatter(b, blocking)
+            return
         buf = b.buffer
         grads = [m.param.grad._local if here else None for m, here in zip(b.members, b.present)]
         backend.kernels(b.on, "bucket")["bucket_pack"](grads, buf, b.offsets)  # absent: zeros
@@ -256,6 +276,23 @@ class Reducer:
             else:
                 b.work = b.group.iallreduce(buf, buf, b.key[2])
 
+    def _launch_scatter(self, b: Bucket, blocking: bool) -> None:
+        """Start a reduce-scatter bucket (Note [Gradients scattered in backward]): the
+        buckets launched before it are finished first, so at most two are in flight and
+        each one's whole gradients go as soon as it is done."""
+        for older in self.buckets:
+            if older is not b and older.scattered is not None:
+                self._finish_scatter(older)
+        b.launched = True
+        grads = [m.param.grad._local if here else None for m, here in zip(b.members, b.present)]
+        b.scattered = self.scatter.launch([m.param for m in b.members], grads, blocking)
+
+    def _finish_scatter(self, b: Bucket) -> None:
+        """Wait for a reduce-scatter bucket; its present members' gradients become their
+        slices (scaled by ``finish``)."""
+        b.slices = self.scatter.finish(b.scattered, b.present)
+        b.scattered = None
+
     def finish(self, scale: float) -> set[int]:
         """Wait for every launched bucket, multiply by ``scale`` (gradient merge's mean),
         and make each present member's gradient a view into its bucket; returns the ids of
@@ -263,9 +300,18 @@ class Reducer:
         from ..tensor import DistTensor
 
         done = set()
-
         for b in self.buckets:
             if not b.launched:
+                continue
+            if len(b.key) > 3:  # a reduce-scatter bucket: its slices (finished, or now)
+                if b.scattered is not None:
+                    self._finish_scatter(b)
+                for m, g in zip((m for m, here in zip(b.members, b.present) if here), b.slices):
+                    if m.param.grad is g:  # not accumulated into since: scaled here, once
+                        if scale != 1.0:
+                            g._local *= scale
+                        done.add(id(m.param))
+                b.slices, b.launched = [], False
                 continue
             if b.work is not None:
                 b.work.wait()
@@ -287,6 +333,9 @@ class Reducer:
             if b.work is not None:
                 b.work.wait()
                 b.work = None
+            if b.scattered is not None:
+                self.scatter.drop(b.scattered)
+                b.scattered = None
             b.launched = False
 
     def _announce(self) -> None:

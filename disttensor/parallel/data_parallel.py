@@ -244,10 +244,20 @@ class DataParallel(Module):
                         p.grad = p.grad * scale
         self._micro, self._round = 0, False
 
-    def _release(self, params: list) -> None:
-        """A sharding stage reduces the gradients of ``params`` itself (reduce-scatter,
-        Note [Sharding stages]): they leave the buckets; gradient merge still counts and
-        scales them. Called between steps, on every rank alike."""
+    def _release(self, params: list, scatter: Any = None) -> None:
+        """A sharding stage reduces the gradients of ``params`` (reduce-scatter, Note
+        [Sharding stages]): with ``scatter`` (the stage's view, Note [Gradients scattered in
+        backward] in parallel/sharding.py) the buckets reduce-scatter them during backward;
+        without, they leave the buckets. Gradient merge still counts and scales them. Called
+        between steps, on every rank alike."""
+        if scatter is not None:
+            if self._reducer.scatter is scatter:
+                return
+            self._reducer.wait_all()
+            self._reducer = Reducer(self._params, self.mesh, self.dims, self._caps)
+            self._reducer.scatter = scatter
+            self._round = False
+            return
         ids = {id(p) for p in params}
         keep = [p for p in self._params if id(p) not in ids]
         if len(keep) == len(self._params):

@@ -22,8 +22,9 @@ Note [Sharding stages]
     * Stage 2: gradients Partial over ``dim`` are reduce-scattered straight into the
       slices, one reduce-scatter per bucket, and ``p.grad`` becomes the slice (the reduced
       gradient's value, placed ``Shard(d)`` over ``dim``): no rank keeps a whole reduced
-      gradient. ``dt.DataParallel`` hands these parameters to the optimizer (its buckets
-      would all-reduce them) and still runs gradient merge (``k_steps``) on them.
+      gradient. Under ``dt.DataParallel`` its buckets reduce-scatter them during backward
+      (Note [Gradients scattered in backward]), with its gradient merge (``k_steps``);
+      without one, the step does.
     * Stage 3: the parameters themselves live as their slices between steps (``p`` *is*
       the ``Shard(d)`` DistTensor). Calling a module first gathers the slices of its and
       its sub-modules' parameters, in buckets (Note [Parameters gathered per module] in
@@ -240,6 +241,11 @@ class ShardedOptimizer:
         self._whole = [s.param for s in self.slices.values() if s.d is None]
         optimizer._state_specs = {i: s.part for i, s in self.slices.items()}
         optimizer._sharded = True
+        # reduce-scatter send buffers: whether the scratch one is in flight, and the extra
+        # ones kept for a second in flight (_flat)
+        self._lent = False
+        self._flats: list = []
+        self._scatter = _Scatter(self)
         self._release()
 
     def _slice(self, p: DistTensor, m: int, group: Any, coord: Any) -> _Slice | None:
@@ -266,12 +272,14 @@ class ShardedOptimizer:
         return _Slice(p, whole, part, d, group, tuple(bounds), coord[m])
 
     def _release(self) -> None:
-        """Stages 2 and 3 reduce-scatter the gradients themselves: a dt.DataParallel that
-        would all-reduce them in its buckets lets them go (it keeps gradient merge)."""
+        """Stages 2 and 3 reduce-scatter the gradients: a dt.DataParallel that would
+        all-reduce them in its buckets reduce-scatters them instead, during backward, with
+        this optimizer's slices (Note [Gradients scattered in backward]); it keeps gradient
+        merge."""
         if self.stage < 2:
             return
         for owner in _wrappers(self._split):
-            owner._release(self._split)
+            owner._release(self._split, self._scatter)
 
     # -- the optimizer's interface -----------------------------------------------------------
     @property
@@ -438,27 +446,78 @@ class ShardedOptimizer:
         return buf[:n]
 
     def _reduce_scatter(self, bucket: list[tuple[_Slice, Any]], out: dict[int, Any]) -> None:
-        """One reduce-scatter of the bucket's gradients into their slices: block r of the
-        buffer holds rank r's slices, member after member."""
+        """One reduce-scatter of the bucket's gradients into their slices, now."""
+        flight = self._start_scatter(bucket, blocking=True)
+        for s, piece in self._end_scatter(flight, [True] * len(bucket)):
+            out[id(s.param)] = piece.to_local()
+
+    def _start_scatter(self, bucket: list[tuple[_Slice, Any]], blocking: bool) -> _InFlight:
+        """Pack the bucket's gradients (whole local arrays; None: zeros) so that block r of the
+        send buffer holds rank r's slices, member after member, and start the reduce-scatter
+        into this rank's block (``blocking``: done on return)."""
         lay = self._layout(bucket)
-        first = bucket[0][1]
-        flat, me = self._scratch("flat", lay.size, first), bucket[0][0].me
+        first = next(g for _, g in bucket if g is not None)
+        me = bucket[0][0].me
+        flat = self._flat(lay.size, first)
         mine = lay.grads
         if mine is None or mine.dtype != first.dtype or type(mine) is not type(first):
             mine = lay.grads = backend.xp(first).empty(lay.counts[me], first.dtype)
         for (s, g), offs in zip(bucket, lay.offsets):
             for r, at in enumerate(offs):
-                piece = s.take(g, r)
-                flat[at : at + s.sizes[r]].reshape(piece.shape)[...] = piece
+                block = flat[at : at + s.sizes[r]]
+                if g is None:
+                    block[...] = 0
+                else:
+                    piece = s.take(g, r)
+                    block.reshape(piece.shape)[...] = piece
+        group = bucket[0][0].group
         with doing(_label, "reduce-scatter", len(bucket), first.dtype, self.mesh, self.dim):
-            bucket[0][0].group.reduce_scatter(flat, mine, lay.counts, "sum")
-        for (s, g), offs in zip(bucket, lay.offsets):
+            if blocking:
+                group.reduce_scatter(flat, mine, lay.counts, "sum")
+                work = None
+            else:
+                work = group.ireduce_scatter(flat, mine, lay.counts, "sum")
+        return _InFlight(work, bucket, lay, mine, flat)
+
+    def _end_scatter(self, flight: _InFlight, present: list[bool]) -> list[tuple[_Slice, Any]]:
+        """Wait for a reduce-scatter; each present member's ``.grad`` becomes its slice (a
+        view into the bucket's received block); returns (slice, gradient) of those."""
+        if flight.work is not None:
+            flight.work.wait()
+        self._give_back(flight.flat)
+        lay, me, out = flight.layout, flight.bucket[0][0].me, []
+        for (s, g), offs, here in zip(flight.bucket, lay.offsets, present):
+            if not here:
+                continue
             at = offs[me] - lay.base
-            shape = g[s.index[me]].shape
-            piece = mine[at : at + s.sizes[me]].reshape(shape)
-            out[id(s.param)] = piece
-            grad_spec = s.part if s.part.dtype == piece.dtype else s.part.replace(dtype=piece.dtype)
-            s.param.grad = DistTensor(piece, grad_spec)
+            shape = s.take(g, me).shape
+            piece = flight.mine[at : at + s.sizes[me]].reshape(shape)
+            spec = s.part if s.part.dtype == piece.dtype else s.part.replace(dtype=piece.dtype)
+            s.param.grad = DistTensor(piece, spec)
+            out.append((s, s.param.grad))
+        return out
+
+    def _flat(self, n: int, like: Any) -> Any:
+        """A send buffer of ``n`` elements like ``like`` for a reduce-scatter: the kept
+        scratch buffer when no reduce-scatter in flight uses it, else one of the kept
+        extra buffers, else a new one (at most two are in flight: Note [Gradients scattered
+        in backward]); ``_give_back`` returns it."""
+        if not self._lent:
+            self._lent = True
+            return self._scratch("flat", n, like)
+        for i, buf in enumerate(self._flats):
+            if buf.size >= n and buf.dtype == like.dtype and type(buf) is type(like):
+                return self._flats.pop(i)[:n]
+        return backend.xp(like).empty(n, like.dtype)
+
+    def _give_back(self, flat: Any) -> None:
+        """A send buffer no reduce-scatter uses any more (``_flat``)."""
+        key = ("flat", flat.dtype.str, type(flat))
+        scratch = self._buffers.get(key)
+        if scratch is not None and (flat is scratch or getattr(flat, "base", None) is scratch):
+            self._lent = False
+        elif len(self._flats) < 2:
+            self._flats.append(flat)
 
     # -- parameters ------------------------------------------------------------------------
     def _gather(self, updated: list[tuple[_Slice, Any]]) -> None:
@@ -498,7 +557,10 @@ class ShardedOptimizer:
         (``in_place[i]``: member i's own slice is already there)."""
         lay = self._layout(bucket)
         first, me = bucket[0][1], bucket[0][0].me
-        flat = self._scratch("flat", lay.size, first)
+        if self._lent:  # a reduce-scatter in flight sends from the scratch buffer
+            flat = backend.xp(first).empty(lay.size, first.dtype)
+        else:
+            flat = self._scratch("flat", lay.size, first)
         mine = self._scratch("mine", lay.counts[me], first)
         for (s, w), offs in zip(bucket, lay.offsets):
             at = offs[me] - lay.base
@@ -530,6 +592,72 @@ class ShardedOptimizer:
         if w is None:
             w = s.take(p.to_local(), s.me).copy()
         p._local, p._spec, p._moved = w, s.part, None
+
+
+@dataclass
+class _InFlight:
+    """A reduce-scatter started: its Work (None: done), members (slice, whole local
+    gradient), layout, received block and send buffer."""
+
+    work: Any
+    bucket: list
+    layout: _Layout
+    mine: Any
+    flat: Any
+
+
+# Note [Gradients scattered in backward]
+#     With a dt.DataParallel, stages 2 and 3 reduce-scatter during backward, as plain data
+#     parallelism all-reduces: the DataParallel's Reducer (parallel/buckets.py) puts the split
+#     parameters' gradients, Partial(sum) over the sharding dim and laid out as the
+#     parameter otherwise, in buckets of their own in the order they become final; a full
+#     bucket is packed by rank block (``_start_scatter``) and its reduce-scatter started,
+#     and the bucket started before it is waited for first, so at most two are in flight.
+#     A bucket waited for hands each gradient its slice (``.grad`` becomes the Shard(d)
+#     DistTensor), so the whole gradients of the buckets done can go while backward runs.
+#     Gradient merge is the DataParallel's: only the k-th backward pass launches, and the
+#     step scales the slices by the merge's mean. A gradient in another layout (Partial
+#     over other dims too, or already reduced) is left to the step, which reduce-scatters or
+#     reshards it as without a DataParallel. ``_Scatter`` is the Reducer's view of this
+#     optimizer.
+class _Scatter:
+    def __init__(self, opt: ShardedOptimizer) -> None:
+        self.opt = opt
+        self.ids = {id(p) for p in opt._split}
+        m = opt.dim
+        self.want = {
+            id(s.param): s.whole.with_placement(m, Partial("sum"))
+            for s in opt.slices.values()
+            if s.d is not None and s.group is not None
+        }
+
+    def holds(self, p: Any) -> bool:
+        return id(p) in self.ids
+
+    def key(self, p: Any, g: Any) -> tuple | None:
+        """The reduce-scatter bucket key of ``p``'s gradient ``g``, or None (left to the
+        step)."""
+        want = self.want.get(id(p))
+        gs = g._spec
+        if want is None or gs.placements != want.placements or gs.shape != want.shape:
+            return None
+        return ((self.opt.dim,), gs.dtype.str, "sum", "scatter")
+
+    def reduced(self, p: Any, g: Any) -> DistSpec:
+        part = self.opt.slices[id(p)].part
+        return part if part.dtype == g._spec.dtype else part.replace(dtype=g._spec.dtype)
+
+    def launch(self, params: list, grads: list, blocking: bool) -> _InFlight:
+        bucket = [(self.opt.slices[id(p)], g) for p, g in zip(params, grads)]
+        return self.opt._start_scatter(bucket, blocking)
+
+    def finish(self, flight: _InFlight, present: list[bool]) -> list:
+        return [g for _, g in self.opt._end_scatter(flight, present)]
+
+    def drop(self, flight: _InFlight) -> None:
+        if flight.work is not None:
+            flight.work.wait()
+        self.opt._give_back(flight.flat)
 
 
 def _wrappers(params: list) -> list:
@@ -668,7 +796,9 @@ def memory_report(
     kept = [b.buffer for dp in _wrappers(params) for b in dp._reducer.buckets]
     if isinstance(optimizer, ShardedOptimizer):
         kept += list(optimizer._buffers.values())
+        kept += optimizer._flats  # reduce-scatter send buffers (Note [Gradients scattered...])
         kept += [lay.grads for lay in optimizer._layouts.values()]
+    kept = [b for b in kept if b is not None]  # a reduce-scatter bucket has no buffer
     report["buffers"] = sum(nbytes(b) for b in kept)
     report["total"] = sum(report.values())
     if peak is not None:
