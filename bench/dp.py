@@ -110,8 +110,9 @@ Goal: stages 1 and 2 within 1.05x of the plain step, stage 3 within 1.3x. Memory
                         ``zero_grad()``: parameters + gradients + optimizer state; next to the
                         ideal (plain's, with the parts the stage splits divided by N; stage 3:
                         1/N) and what stays after ``zero_grad()``
-    DP buckets          DataParallel's bucket buffers (``dp_model.buckets``): kept from step
-                        to step, the size of the gradients; memory_report does not count them
+    DP buckets          DataParallel's all-reduce bucket buffers (``dp_model.buckets``):
+                        kept from step to step, the size of the gradients they hold (stages 2
+                        and 3 reduce-scatter from the optimizer's scratch instead)
     traced held, peak   ``tracemalloc`` (numpy registers its buffers with it) on a fresh copy
                         of each variant, tracing from its construction through 2 warm-up
                         steps: the bytes held between steps (everything the variant keeps,
@@ -824,7 +825,11 @@ def traced_memory(comm: MPI.Comm, mesh, args, name: str, x_np, t_np) -> np.ndarr
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    buckets = sum(b["bytes"] for b in r.dp.buckets.get("buckets", []))
+    buckets = sum(  # a sharding stage's reduce-scatter buckets hold no buffer
+        b["bytes"]
+        for b in r.dp.buckets.get("buckets", [])
+        if b.get("collective") != "reduce_scatter"
+    )
     parts = (step["parameters"], step["gradients"], step["optimizer_state"], zero["total"])
     return np.array([*parts, buckets, held, peak], dtype=np.float64)
 
@@ -866,10 +871,10 @@ def sharding_table(comm: MPI.Comm, args, mesh, x_np, t_np, iters, say) -> None:
     say(format_table(headers, rows))
     say(
         "phases as in (b); 'finish' = dp_model.finish_gradients(): plain and stage 1 "
-        "all-reduce the gradients in DataParallel's buckets (with overlap: the wait); stages "
-        "2 and 3 reduce-scatter them inside opt.step, where stages 1 and 2 also all-gather "
-        "the updated parameters; stage 3 gathers the parameters in forward (at the model's "
-        "first module call)"
+        "all-reduce the gradients in DataParallel's buckets, stages 2 and 3 reduce-scatter "
+        "them there, during backward (with overlap 'finish' is the wait); stages 1 and 2 "
+        "all-gather the updated parameters in opt.step; stage 3 gathers the parameters in "
+        "forward (at the model's first module call)"
     )
     verdicts = []
     for k in SHARDED:
@@ -923,7 +928,7 @@ def sharding_table(comm: MPI.Comm, args, mesh, x_np, t_np, iters, say) -> None:
         f"splits divided by N = {n}; after zero_grad: memory_report's total then, its "
         "buffers included (DataParallel's buckets; a sharded optimizer's scratch, as large as "
         "its largest bucket, and its gradient blocks); DP buckets: DataParallel's bucket "
-        "buffers (stages 2 and 3 take the gradients out of them); "
+        "buffers (stages 2 and 3 reduce-scatter from the optimizer's scratch instead); "
         "traced held: all the variant keeps between steps; step peak: the most it held during "
         "one step (forward to zero_grad); peak - held: what the step allocated on top",
     )

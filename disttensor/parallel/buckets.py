@@ -366,6 +366,9 @@ class Reducer:
                     "dtype": b.key[1],
                     "dims": [self.mesh.dim_names[m] for m in b.key[0]],
                     "reduce": b.key[2],
+                    # a sharding stage's bucket (Note [Gradients scattered in backward] in
+                    # parallel/sharding.py) keeps no buffer of its own between steps
+                    "collective": "all_reduce" if len(b.key) == 3 else "reduce_scatter",
                 }
                 for b in self.buckets
             ],

@@ -287,7 +287,9 @@ class DataParallel(Module):
     @property
     def buckets(self) -> dict[str, Any]:
         """The bucket layout decided by the first reduction: {"gradients": n, "buckets":
-        [{"bytes", "gradients", "dtype", "dims", "reduce"}, ...]} (empty before it)."""
+        [{"bytes", "gradients", "dtype", "dims", "reduce", "collective"}, ...]} (empty
+        before it); "collective" is "all_reduce", or "reduce_scatter" for the gradients a
+        sharding stage splits (dt.shard_optimizer)."""
         return self._reducer.summary()
 
     def extra_repr(self) -> str:
