@@ -3,6 +3,8 @@ the cases of tests/sharding_cases.py on simulated ranks and under mpiexec."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import sharding_cases as cases
@@ -142,3 +144,77 @@ def test_memory_report_traces_the_step_peak():
     assert not tracemalloc.is_tracing()
     with pytest.raises(TypeError, match="function of no arguments"):
         dt.memory_report([1], step=3)
+
+
+@pytest.mark.parametrize("after", [True, False])
+def test_stage3_gathers_a_group_for_its_forward_and_backward(after):
+    """ShardingStage3(reshard_after_forward=True): with buckets smaller than the model, each
+    layer (a group: its parameters fit in a bucket, the model's do not) is whole only while
+    its forward or backward runs, then a slice again; one all-gather per layer for forward,
+    one for backward; the values are one process's. False: the model is gathered at the
+    outermost call and stays whole until the step."""
+    sizes = (6, 10, 10, 4)
+
+    def make(mesh):
+        dt.manual_seed(3)
+        pairs = itertools.pairwise(sizes)
+        layers = [dt.nn.Linear(a, b, mesh=mesh, dtype=np.float64) for a, b in pairs]
+        return dt.nn.Sequential(layers[0], dt.nn.Tanh(), layers[1], dt.nn.Tanh(), layers[2])
+
+    def whole(model):
+        return [p.placements[0] == dt.Replicate() for p in model.parameters()]
+
+    def body():
+        mesh = dt.init_mesh((2,), dim_names=["dp"])
+        model = make(mesh)
+        cap = 1000 / 2**20  # a layer's weight and bias fit (at most 880 bytes), not the model
+        stage = dt.ShardingStage3("dp", bucket_size_mb=cap, reshard_after_forward=after)
+        opt = dt.shard_optimizer(dt.optim.Adam(list(model.parameters()), lr=0.1), stage)
+        seen = []  # which parameters are whole as each layer's forward starts
+        for i in (0, 2, 4):
+            inner = model[i].forward
+
+            def watch(x, inner=inner):
+                seen.append(whole(model))
+                return inner(x)
+
+            model[i].forward = watch
+        x = dt.shard_tensor(np.random.default_rng(1).normal(size=(8, 6)), mesh, [dt.Shard(0)])
+        with dt.CommCounter() as fwd:
+            loss = (model(x) ** 2).mean()
+        after_forward = whole(model)
+        with dt.CommCounter() as bwd:
+            loss.backward()
+        after_backward = whole(model)
+        opt.step()
+        return (
+            seen,
+            after_forward,
+            after_backward,
+            fwd.counts,
+            bwd.counts,
+            [p.numpy() for p in model.parameters()],
+        )
+
+    def reference():
+        mesh = dt.init_mesh((1,), dim_names=["dp"])
+        model = make(mesh)
+        opt = dt.optim.Adam(list(model.parameters()), lr=0.1)
+        x = dt.shard_tensor(np.random.default_rng(1).normal(size=(8, 6)), mesh, [dt.Replicate()])
+        (model(x) ** 2).mean().backward()
+        opt.step()
+        return [p.numpy() for p in model.parameters()]
+
+    seen, after_forward, after_backward, fwd, bwd, got = dt.simulate(2, body)[0]
+    want = dt.simulate(1, reference)[0]
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-14)
+    if after:
+        # layer i's two parameters are whole in its own forward only
+        assert seen == [[j // 2 == i for j in range(6)] for i in range(3)], seen
+        assert not any(after_forward) and not any(after_backward)
+        assert fwd.get("all_gather") == 3 and bwd.get("all_gather") == 3, (fwd, bwd)
+    else:
+        assert all(all(s) for s in seen) and all(after_forward) and all(after_backward)
+        # one all-gather: the slices (880 bytes) fit in one bucket
+        assert fwd.get("all_gather") == 1 and "all_gather" not in bwd, (fwd, bwd)

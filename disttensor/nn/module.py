@@ -39,25 +39,31 @@ class Parameter(DistTensor):
 
 # Note [Parameters gathered per module] (parallel/sharding.py, Note [Sharding stages]): a
 # stage-3 sharded optimizer keeps its parameters as slices between steps and registers, per
-# parameter, the bound method that makes a list of them whole again. Calling a module first
-# hands the registered parameters of it and its sub-modules to that method (one call per
-# optimizer), which gathers those that are still slices in buckets: the outermost module
-# called gathers the model's parameters in a few all-gathers, and the modules it calls find
-# theirs whole. (They stay whole until the step anyway: autograd keeps them for backward.)
+# parameter, the bound method that makes them whole for a module's forward. Calling a module
+# first hands that method the module and the registered parameters of it and its
+# sub-modules (one call per optimizer); what it gathers is the optimizer's choice (Note
+# [Sharding stages]: the whole model at the outermost call, or each module's own parameters
+# at its call), and it may return a function that gets the forward's output once the forward
+# has run (to hand the parameters back, and gather them again for backward).
 _GATHERS = autograd.ParamMethods()
 
 
 def set_forward_gather(param: DistTensor, method: Any) -> None:
-    """Register ``method(params)`` to make ``param`` whole before a module that owns it runs
-    its forward (None removes it)."""
+    """Register ``method(params, module)`` to make ``param`` whole before a module that owns
+    it runs its forward; it may return ``after(output)``, called once the forward has run
+    (None removes the registration)."""
     _GATHERS.set(param, method)
 
 
-def _gather_own(module: Module) -> None:
+def _gather_own(module: Module) -> list:
     """Hand the registered parameters of ``module`` and its sub-modules to their gather
-    methods."""
+    methods; returns the ``after`` functions they gave."""
+    afters = []
     for fn, params in _GATHERS.by_owner(list(module.parameters())).values():
-        fn(params)
+        after = fn(params, module)
+        if after is not None:
+            afters.append(after)
+    return afters
 
 
 class Module:
@@ -109,9 +115,13 @@ class Module:
         raise NotImplementedError(f"{type(self).__name__} must define forward()")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if _GATHERS:  # stage-3 parameters of this module made whole first
-            _gather_own(self)
-        return self.forward(*args, **kwargs)
+        if not _GATHERS:
+            return self.forward(*args, **kwargs)
+        afters = _gather_own(self)  # stage-3 parameters of this module made whole first
+        out = self.forward(*args, **kwargs)
+        for after in afters:
+            after(out)
+        return out
 
     # -- traversal --------------------------------------------------------------------------
     def named_modules(self, prefix: str = "") -> Iterator[tuple[str, Module]]:

@@ -26,14 +26,21 @@ Note [Sharding stages]
       (Note [Gradients scattered in backward]), with its gradient merge (``k_steps``);
       without one, the step does.
     * Stage 3: the parameters themselves live as their slices between steps (``p`` *is*
-      the ``Shard(d)`` DistTensor). Calling a module first gathers the slices of its and
-      its sub-modules' parameters, in buckets (Note [Parameters gathered per module] in
-      nn/module.py): the outermost module's call gathers the model in a few all-gathers.
-      They stay whole through backward (autograd keeps them for the gradient), whose
-      gradients come back Partial over ``dim`` for the reduce-scatter of stage 2; the step
-      updates the slices and the parameters become slices again (their slices live in
-      memory kept from step to step). A parameter used outside any module call is gathered
-      by the op whose rule needs it whole, once per step (Note [One move per tensor]).
+      the ``Shard(d)`` DistTensor). Calling a module first gathers parameters (Note
+      [Parameters gathered per module] in nn/module.py). With ``reshard_after_forward``
+      (the default), those of the module's *group*: every split parameter of the module and
+      its sub-modules when their whole size fits in a bucket, else the module's own (its
+      sub-modules then form groups of their own), in one all-gather per bucket; modules
+      called inside a running group gather nothing. After the group's forward they are
+      slices again (each slice was kept while its parameter was whole); a hook on the
+      group's outputs gathers them once more when backward reaches it, and each goes back
+      to its slice when its own gradient is final. Without it, the outermost module's call
+      gathers the model, whole until the step. Either way backward's gradients come back
+      Partial over ``dim`` for the reduce-scatter of stage 2, and the step updates the
+      slices (their memory kept from step to step). An op that gets a parameter while it is
+      a slice (used outside any module call, or by a gradient function that runs before
+      the hook) computes the same value: dt's ops move it as their rules need, once per step
+      (Note [One move per tensor]).
 
     The values are those of the unsharded optimizer: every update is elementwise, so
     updating slices computes the same numbers; the reduce-scatter sums the same elements
@@ -43,10 +50,12 @@ Note [Sharding stages]
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import threading
 import tracemalloc
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -108,9 +117,28 @@ class ShardingStage2(_Stage):
 
 
 class ShardingStage3(_Stage):
-    """Optimizer state, gradients and parameters split over ``dim`` (Note [Sharding stages])."""
+    """Optimizer state, gradients and parameters split over ``dim`` (Note [Sharding stages]).
+    ``reshard_after_forward`` (default True): each module gathers its own parameters for its
+    forward, hands them back after it, and gathers them again for its backward, so a rank
+    holds one layer's parameters whole at a time; False: the outermost module call gathers
+    the whole model, which stays whole until the step (fewer, larger all-gathers)."""
 
     stage = 3
+
+    def __init__(
+        self,
+        dim: str | int,
+        mesh: ProcessMesh | None = None,
+        bucket_size_mb: float = 25.0,
+        reshard_after_forward: bool = True,
+    ) -> None:
+        super().__init__(dim, mesh, bucket_size_mb)
+        if not isinstance(reshard_after_forward, bool):
+            raise TypeError(
+                "ShardingStage3: reshard_after_forward is True or False, got "
+                f"{reshard_after_forward!r}"
+            )
+        self.reshard_after_forward = reshard_after_forward
 
 
 @dataclass
@@ -220,6 +248,13 @@ class ShardedOptimizer:
         self._layouts: dict[tuple, _Layout] = {}  # buckets' layouts, kept
         self._buffers: dict[tuple, Any] = {}  # the collectives' scratch buffers, kept
         self._kept: dict[int, Any] = {}  # stage 3: per slice, the memory it lives in
+        # stage 3: gather per module and hand back after use (ShardingStage3's
+        # reshard_after_forward); each whole parameter's slice, kept while it is whole
+        self._per_module = bool(getattr(stage, "reshard_after_forward", False))
+        self._slice_of: dict[int, Any] = {}
+        self._removers: list = []
+        self._gathers: dict[int, int] = {}  # id(parameter) -> its whole bytes on this rank
+        self._running: dict[int, Any] = {}  # the parameters of the groups in forward now
         names = optimizer.state_names
         with autograd.no_grad():
             for p in params:
@@ -235,7 +270,14 @@ class ShardedOptimizer:
                     }
                 if self.stage == 3 and s.d is not None:
                     self._to_slice(s, None)
-                    set_forward_gather(p, self._unshard)
+                    set_forward_gather(p, self._forward_gather)
+                    self._gathers[id(p)] = math.prod(s.shape) * p.dtype.itemsize
+                    if self._per_module:  # handed back once its gradient is final
+                        from .data_parallel import _weak
+
+                        self._removers.append(
+                            p.register_post_accumulate_grad_hook(_weak(self._after_backward))
+                        )
         # the parameters split over the dim, and those with no dim to split
         self._split = [s.param for s in self.slices.values() if s.d is not None]
         self._whole = [s.param for s in self.slices.values() if s.d is None]
@@ -320,6 +362,7 @@ class ShardedOptimizer:
         """One update (Note [Sharding stages]). Collective over the mesh."""
         opt = self.optimizer
         self._release()  # a DataParallel made after shard_optimizer
+        self._running.clear()  # a forward that raised left its group marked
         lr = opt._begin_step()
         with autograd.no_grad():
             if self.stage == 1:  # the gradients reduced whole, as unsharded
@@ -533,10 +576,70 @@ class ShardedOptimizer:
             for s, _ in bucket:
                 autograd.note_mutation(s.param.to_local())
 
+    def _forward_gather(self, params: list[DistTensor], module: Any) -> Any:
+        """Stage 3, before ``module``'s forward (Note [Parameters gathered per module] in
+        nn/module.py; ``params``: this optimizer's parameters of it and its sub-modules).
+        Without reshard_after_forward: every one of ``params`` that is a slice (so the
+        outermost call gathers the model), whole until the step. With it, the module's
+        *group* (Note [Sharding stages]): all of ``params`` when they fit in a bucket, else
+        the module's own; none inside a group being run; the function returned hands the
+        group back after the forward."""
+        if not self._per_module:
+            self._unshard(params)
+            return None
+        split = [p for p in params if id(p) in self._gathers]
+        if all(id(p) in self._running for p in split):
+            return None  # inside a group's forward: its module gathered these
+        if sum(self._gathers[id(p)] for p in split) > self._cap:
+            own = {id(p) for p in module._parameters.values() if p is not None}
+            split = [p for p in split if id(p) in own]
+        group = [p for p in split if id(p) not in self._running]
+        if not group:
+            return None
+        self._unshard(group)
+        self._running.update((id(p), p) for p in group)
+        return functools.partial(self._after_forward, group)
+
+    def _after_forward(self, params: list[DistTensor], out: Any) -> None:
+        """Stage 3, per module: after its forward, its parameters become slices again; the
+        first gradient that reaches one of its outputs in backward gathers them again (a
+        hook on each output that needs a gradient), and each goes back to its slice once its
+        own gradient is final (``_after_backward``). An op of its backward that runs while a
+        parameter is a slice still computes the right value (its dt ops move the slice as
+        their rules need): the hooks save those moves."""
+        from .data_parallel import _leaves
+
+        for p in params:
+            self._running.pop(id(p), None)
+        if autograd.is_grad_enabled():
+            outs = [t for t in _leaves(out) if isinstance(t, DistTensor) and t.requires_grad]
+            if outs:
+                regather = _Regather(self, params)
+                for t in outs:
+                    t.register_hook(regather)
+        self._reshard(params)
+
+    def _after_backward(self, p: DistTensor) -> None:
+        """Stage 3, per module: ``p``'s gradient is final in this backward: back to its slice."""
+        self._reshard([p])
+
+    def _reshard(self, params: list[DistTensor]) -> None:
+        """Stage 3: those of ``params`` that are whole become their slices again (the slice
+        each held before ``_unshard``, unchanged since; else a copy of it)."""
+        for p in params:
+            s = self.slices.get(id(p))
+            if s is None or s.d is None or p._spec != s.whole:
+                continue
+            w = self._slice_of.pop(id(p), None)
+            if w is None:
+                self._to_slice(s, None)
+            else:
+                p._local, p._spec, p._moved = w, s.part, None
+
     def _unshard(self, params: list[DistTensor]) -> None:
-        """Stage 3, before a module's forward (Note [Parameters gathered per module] in
-        nn/module.py): those of ``params`` that are slices now become whole, one all-gather per
-        bucket. They stay whole through backward, until the step slices them again."""
+        """Stage 3, for a module's forward or backward (Note [Parameters gathered per
+        module] in nn/module.py): those of ``params`` that are slices now become whole, one
+        all-gather per bucket; gathering per module, each slice is kept for ``_reshard``."""
         todo = []
         for p in params:
             s = self.slices.get(id(p))
@@ -546,8 +649,10 @@ class ShardedOptimizer:
             xp = backend.xp(bucket[0][1])
             wholes = [xp.empty(s.shape, w.dtype) for s, w in bucket]
             self._all_gather(bucket, wholes)
-            for (s, _), whole in zip(bucket, wholes):
+            for (s, w), whole in zip(bucket, wholes):
                 p = s.param
+                if self._per_module:
+                    self._slice_of[id(p)] = w
                 p._local, p._spec, p._moved = whole, s.whole, None
 
     def _all_gather(
@@ -592,6 +697,21 @@ class ShardedOptimizer:
         if w is None:
             w = s.take(p.to_local(), s.me).copy()
         p._local, p._spec, p._moved = w, s.part, None
+
+
+class _Regather:
+    """The backward hook of a stage-3 module's outputs (``ShardedOptimizer._after_forward``):
+    gathers the module's parameters again, once they are slices; the optimizer is held
+    weakly."""
+
+    def __init__(self, opt: ShardedOptimizer, params: list) -> None:
+        self.opt = weakref.ref(opt)
+        self.params = params
+
+    def __call__(self, g: Any) -> None:
+        opt = self.opt()
+        if opt is not None:
+            opt._unshard(self.params)
 
 
 @dataclass
