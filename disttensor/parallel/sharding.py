@@ -118,10 +118,11 @@ class ShardingStage2(_Stage):
 
 class ShardingStage3(_Stage):
     """Optimizer state, gradients and parameters split over ``dim`` (Note [Sharding stages]).
-    ``reshard_after_forward`` (default True): each module gathers its own parameters for its
-    forward, hands them back after it, and gathers them again for its backward, so a rank
-    holds one layer's parameters whole at a time; False: the outermost module call gathers
-    the whole model, which stays whole until the step (fewer, larger all-gathers)."""
+    ``reshard_after_forward`` (default True): a module's call gathers its group (its and its
+    sub-modules' parameters when their whole size fits in a bucket, else its own), hands it
+    back after the forward and gathers it again for its backward, so a rank holds whole only
+    the groups running now; False: the outermost module call gathers the whole model, which
+    stays whole until the step (fewer all-gathers, a higher peak)."""
 
     stage = 3
 
