@@ -416,7 +416,7 @@ class MPIComm(Communicator):
         s, r, mop, wide = self._reduce_view(send, recv, op)
         req = self.comm.Iallreduce(s, r, mop)
 
-        def wait() -> None:
+        def wait(held=(send, s, r)) -> None:  # the buffers live until the call completes
             req.Wait()
             self._finish(recv, wide, op)
 
@@ -433,9 +433,10 @@ class MPIComm(Communicator):
     def _ireduce_scatter(self, send, recv, counts, op):
         _mpi()
         s, r, mop, wide = self._reduce_view(send, recv, op)
-        req = self.comm.Ireduce_scatter(s, r, list(counts), mop)
+        counts = np.asarray(counts, np.intc)
+        req = self.comm.Ireduce_scatter(s, r, counts, mop)
 
-        def wait() -> None:
+        def wait(held=(send, s, r, counts)) -> None:  # (as _iallreduce's)
             req.Wait()
             self._finish(recv, wide, op)
 
