@@ -346,8 +346,11 @@ def _all_gather(local, spec, step, coord, group):
 
 
 def _all_reduce(local, spec, step, coord, group):
-    local = contiguous(local)
-    out = _xp(local).empty_like(local)
+    if type(local) is np.ndarray and local.flags.c_contiguous:  # the common case, no lookups
+        out = np.empty_like(local)
+    else:
+        local = contiguous(local)
+        out = _xp(local).empty_like(local)
     group.comm.allreduce(local, out, step.src.reduce_type)
     return out
 
