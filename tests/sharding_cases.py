@@ -339,22 +339,26 @@ def case_errors(world: int) -> int:
 
 
 def case_scattered_in_backward(world: int) -> int:
-    """Stages 2 and 3 under DataParallel with small buckets (Note [Gradients scattered in
-    backward]): the reduce-scatters run during backward (the k-th pass with gradient
-    merge), the step makes none, gradients finished before the step are already slices,
-    and the parameters equal one process's."""
+    """Stages 2 and 3 with small buckets (Note [Gradients scattered in backward]), under
+    DataParallel and without: the reduce-scatters run during backward (the k-th pass with
+    gradient merge), the step makes none, every split gradient is a slice when backward
+    ends, and the parameters equal one process's."""
     checks = 0
-    for k in (1, 2):
+    for k, dp in ((1, True), (2, True), (1, False)):
         want = reference("Adam", k=k)
         for stage in (dt.ShardingStage2, dt.ShardingStage3):
-            what = f"{stage.__name__} k_steps={k} on {world} ranks, scattered in backward"
+            what = f"{stage.__name__} k_steps={k} dp={dp} on {world} ranks, in backward"
             mesh = dt.ProcessMesh(list(range(world)), ["dp"])
             model = Scaled(mesh)
             tiny = 64 / 2**20  # 64 bytes: a bucket per gradient or two
-            run = dt.DataParallel(
-                model, mesh, dim="dp", k_steps=k, bucket_size_mb=tiny, first_bucket_size_mb=tiny
-            )
-            opt = dt.shard_optimizer(optimizer("Adam", list(model.parameters())), stage("dp"))
+            run = model
+            if dp:
+                run = dt.DataParallel(
+                    model, mesh, dim="dp", k_steps=k, bucket_size_mb=tiny,
+                    first_bucket_size_mb=tiny,
+                )  # fmt: skip
+            opt = optimizer("Adam", list(model.parameters()))
+            opt = dt.shard_optimizer(opt, stage("dp", bucket_size_mb=tiny))
             for step in range(3):
                 backward: dict = {}
                 for micro in range(k):
@@ -365,9 +369,8 @@ def case_scattered_in_backward(world: int) -> int:
                     with dt.CommCounter() as cc:
                         loss.backward()
                     backward = dict(cc.counts)
-                sliced = [
-                    p.grad is not None and isinstance(p.grad.placements[0], dt.Shard)
-                    for p in model.parameters()
+                sliced = [  # the 0-d scale has no dim to split: all-reduced at the step
+                    isinstance(p.grad.placements[0], dt.Shard) for p in model.parameters() if p.ndim
                 ]
                 with dt.CommCounter() as cc:
                     opt.step()
@@ -376,7 +379,7 @@ def case_scattered_in_backward(world: int) -> int:
                 if world > 1:
                     assert backward.get("reduce_scatter", 0) >= 2, f"{what}: {backward}"
                     assert "reduce_scatter" not in at_step, f"{what}: {at_step}"
-                    assert any(sliced), f"{what}: no gradient a slice before the step"
+                    assert all(sliced), f"{what}: a whole gradient after backward"
             close({n: p.numpy() for n, p in model.named_parameters()}, want, what)
             checks += 1
     return checks

@@ -231,6 +231,9 @@ class Reducer:
             for b in self.buckets:
                 if not b.launched:
                     self._launch(b, blocking=False)
+            for b in self.buckets:  # reduce-scatters: no whole gradient stays after backward
+                if b.scattered is not None:
+                    self._finish_scatter(b)
 
     def poke(self) -> None:
         """Let MPI progress the reductions in flight: one test call runs the progress engine

@@ -22,9 +22,9 @@ Note [Sharding stages]
     * Stage 2: gradients Partial over ``dim`` are reduce-scattered straight into the
       slices, one reduce-scatter per bucket, and ``p.grad`` becomes the slice (the reduced
       gradient's value, placed ``Shard(d)`` over ``dim``): no rank keeps a whole reduced
-      gradient. Under ``dt.DataParallel`` its buckets reduce-scatter them during backward
-      (Note [Gradients scattered in backward]), with its gradient merge (``k_steps``);
-      without one, the step does.
+      gradient. They are reduce-scattered during backward (Note [Gradients scattered in
+      backward]): in a ``dt.DataParallel``'s buckets, with its gradient merge
+      (``k_steps``), or, without one, in buckets of this optimizer's own.
     * Stage 3: the parameters themselves live as their slices between steps (``p`` *is*
       the ``Shard(d)`` DistTensor). Calling a module first gathers parameters (Note
       [Parameters gathered per module] in nn/module.py). With ``reshard_after_forward``
@@ -69,7 +69,7 @@ from ..nn.module import set_forward_gather
 from ..placement import Partial, Shard
 from ..spec import DistSpec
 from ..tensor import DistTensor, reshard
-from .buckets import MiB, group_ranks, reduce_remaining
+from .buckets import MiB, Reducer, group_ranks, reduce_remaining
 
 
 class _Stage:
@@ -289,7 +289,36 @@ class ShardedOptimizer:
         self._lent = False
         self._flats: list = []
         self._scatter = _Scatter(self)
+        # stages 2 and 3 without a DataParallel: reduce-scatter buckets of this optimizer's
+        # own, started during backward all the same (Note [Gradients scattered in backward])
+        self._own: Reducer | None = None
+        self._backward = None  # the backward pass now running (autograd's callback list)
+        if self.stage >= 2 and self._split and coord is not None:
+            from .data_parallel import _weak
+
+            self._own = Reducer(self._split, mesh, (m,), (self._cap, self._cap))
+            self._own.scatter = self._scatter
+            for p in self._split:
+                self._removers.append(p.register_post_accumulate_grad_hook(_weak(self._on_grad)))
         self._release()
+
+    def _on_grad(self, p: DistTensor) -> None:
+        """Stages 2 and 3: ``p``'s gradient is final in this backward; with no DataParallel
+        to reduce it (whose buckets would: ``_release``), this optimizer's own buckets take
+        it."""
+        if autograd._finishers.get(p) is not None:
+            return
+        running = autograd._state.callbacks
+        if running is not self._backward:  # the first gradient of a new backward pass
+            self._backward = running
+            self._own.begin()
+            autograd.queue_callback(self._end_of_backward)
+        self._own.arrive(p, launch=True)
+        self._own.poke()
+
+    def _end_of_backward(self) -> None:
+        self._backward = None
+        self._own.end_of_backward(launch=True)
 
     def _slice(self, p: DistTensor, m: int, group: Any, coord: Any) -> _Slice | None:
         """``p``'s slice, or None when ``p`` is already split over the dim (its state is then
@@ -369,6 +398,8 @@ class ShardedOptimizer:
             if self.stage == 1:  # the gradients reduced whole, as unsharded
                 n, k = reduce_remaining(opt.params)
                 opt.reductions = {"gradients": n, "all_reduces": k}
+            if self._own is not None:  # what this optimizer reduce-scattered in backward
+                self._own.finish(1.0)
             grads = self._grad_slices()
             updated = []
             for p in opt.params:
@@ -449,7 +480,9 @@ class ShardedOptimizer:
 
     def _buckets(self, members: list[tuple[_Slice, Any]]) -> list[list[tuple[_Slice, Any]]]:
         """Members (slice, local array) in buckets of one dtype and backend, up to the cap,
-        in the order given (the parameters' order: the same on every rank)."""
+        in the order given (the parameters' order: the same on every rank). A member counts
+        its parameter's whole bytes on this rank, which every rank of the group shares (its
+        own slice's would split uneven slices into different buckets on different ranks)."""
         open_: dict[tuple, list] = {}
         sizes: dict[tuple, int] = {}
         out: list[list] = []
@@ -457,15 +490,16 @@ class ShardedOptimizer:
             if s.group is None:
                 continue
             key = (a.dtype.str, backend.of(a).name)
+            n = math.prod(s.shape) * a.dtype.itemsize
             b = open_.get(key)
-            if b is not None and sizes[key] + a.nbytes > self._cap:
+            if b is not None and sizes[key] + n > self._cap:
                 b = None
             if b is None:
                 b = open_[key] = []
                 sizes[key] = 0
                 out.append(b)
             b.append((s, a))
-            sizes[key] += a.nbytes
+            sizes[key] += n
         return out
 
     def _layout(self, bucket: list[tuple[_Slice, Any]]) -> _Layout:
@@ -728,19 +762,20 @@ class _InFlight:
 
 
 # Note [Gradients scattered in backward]
-#     With a dt.DataParallel, stages 2 and 3 reduce-scatter during backward, as plain data
-#     parallelism all-reduces: the DataParallel's Reducer (parallel/buckets.py) puts the split
-#     parameters' gradients, Partial(sum) over the sharding dim and laid out as the
-#     parameter otherwise, in buckets of their own in the order they become final; a full
-#     bucket is packed by rank block (``_start_scatter``) and its reduce-scatter started,
-#     and the bucket started before it is waited for first, so at most two are in flight.
-#     A bucket waited for hands each gradient its slice (``.grad`` becomes the Shard(d)
-#     DistTensor), so the whole gradients of the buckets done can go while backward runs.
-#     Gradient merge is the DataParallel's: only the k-th backward pass launches, and the
-#     step scales the slices by the merge's mean. A gradient in another layout (Partial
-#     over other dims too, or already reduced) is left to the step, which reduce-scatters or
-#     reshards it as without a DataParallel. ``_Scatter`` is the Reducer's view of this
-#     optimizer.
+#     Stages 2 and 3 reduce-scatter during backward, as plain data parallelism all-reduces:
+#     a Reducer (parallel/buckets.py) puts the split parameters' gradients, Partial(sum)
+#     over the sharding dim and laid out as the parameter otherwise, in buckets of their own
+#     in the order they become final; a full bucket is packed by rank block
+#     (``_start_scatter``) and its reduce-scatter started, and the bucket started before it
+#     is waited for first, so at most two are in flight; when backward ends the last ones
+#     are waited for. A bucket waited for hands each gradient its slice (``.grad`` becomes
+#     the Shard(d) DistTensor): the whole gradients of the buckets done go while backward
+#     runs, and none is left after it. The Reducer is a dt.DataParallel's when one wraps
+#     the parameters (``_release``: its gradient merge then holds, only the k-th backward
+#     pass launches and the step scales the slices by the merge's mean), else this
+#     optimizer's own (``_on_grad``). A gradient in another layout (Partial over other dims
+#     too, or already reduced) is left to the step, which reduce-scatters or reshards it.
+#     ``_Scatter`` is the Reducer's view of this optimizer.
 class _Scatter:
     def __init__(self, opt: ShardedOptimizer) -> None:
         self.opt = opt
