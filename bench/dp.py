@@ -175,6 +175,24 @@ LR = 0.01
 K = 4  # gradient merge steps
 CHECK_STEPS = 3
 LOSS_TOL = 1e-9  # |loss_a - loss_ref| / |loss_ref|, every step
+
+
+def loss_mismatches(
+    failures: list[str], worst: dict, rank: int, name: str, losses: list[float],
+    ref_losses: list[float], against: str, tol: float,
+) -> None:  # fmt: skip
+    """Each step's loss of variant ``name`` against the reference's (``against``): the worst
+    relative difference into ``worst["loss"]``, a line into ``failures`` past ``tol``."""
+    for s, (a, b) in enumerate(zip(losses, ref_losses, strict=True), 1):
+        r = abs(a - b) / abs(b)
+        worst["loss"] = max(worst["loss"], r)
+        if not r <= tol:
+            failures.append(
+                f"rank {rank}: {name} step {s} loss {a!r} vs {against} {b!r}: relative "
+                f"difference {r:.3g} > {tol:g}"
+            )
+
+
 PARAM_TOL = 1e-9  # max|p_a - p_ref| / max|p_ref - p_initial|, per tensor, after the steps
 PHASES = ("forward", "backward", "finish", "opt.step", "zero_grad")
 GOAL_FUSED = 5.0
@@ -459,14 +477,7 @@ def agreement_check(comm, args, one, mesh) -> str:
     init, ref_losses, ref_final = comm.bcast(ref, root=0)
 
     def compare(name: str, losses: list[float], final: list[np.ndarray]) -> None:
-        for s, (a, b) in enumerate(zip(losses, ref_losses, strict=True), 1):
-            r = abs(a - b) / abs(b)
-            worst["loss"] = max(worst["loss"], r)
-            if not r <= LOSS_TOL:
-                failures.append(
-                    f"rank {rank}: {name} step {s} loss {a!r} vs dt 1 process {b!r}: "
-                    f"relative difference {r:.3g} > {LOSS_TOL:g}"
-                )
+        loss_mismatches(failures, worst, rank, name, losses, ref_losses, "dt 1 process", LOSS_TOL)
         for i, (p, q, p0) in enumerate(zip(final, ref_final, init, strict=True)):
             what = f"layer {i // 2} {'weight' if i % 2 == 0 else 'bias'}"
             moved = float(np.max(np.abs(q - p0)))
@@ -767,14 +778,7 @@ def sharding_check(comm: MPI.Comm, args, mesh: dt.ProcessMesh) -> str:
                 failures.append(f"rank {rank}: {name}: {names[i]} did not change in the steps")
         if name == PLAIN:
             continue
-        for s, (a, b) in enumerate(zip(losses, ref_losses, strict=True), 1):
-            rel = abs(a - b) / abs(b)
-            worst_rel["loss"] = max(worst_rel["loss"], rel)
-            if not rel <= SHARD_TOL:
-                failures.append(
-                    f"rank {rank}: {name} step {s} loss {a!r} vs {PLAIN} {b!r}: relative "
-                    f"difference {rel:.3g} > {SHARD_TOL:g}"
-                )
+        loss_mismatches(failures, worst_rel, rank, name, losses, ref_losses, PLAIN, SHARD_TOL)
         for i, (p, q) in enumerate(zip(final, ref, strict=True)):
             diff = float(np.max(np.abs(p - q)))
             rel = diff / float(np.max(np.abs(q)))

@@ -186,6 +186,24 @@ class DistSpec:
             object.__setattr__(self, "_plain", plain)
         return plain
 
+    def kept(self, name: str, key: Any, make: Any, limit: int) -> Any:
+        """``make()`` for ``key``, worked out once and kept in the small dict ``name`` on this
+        spec (cleared when it holds ``limit`` keys): what an op works out from the spec
+        alone, found again by the tensors of this spec, and gone with it (Note [Slice plans
+        kept on the spec] in ops/shape.py, Note [Reshard targets kept on the spec] in
+        tensor.py). ``key`` must be hashable (TypeError)."""
+        table = self.__dict__.get(name)
+        if table is None:
+            table = {}
+            object.__setattr__(self, name, table)
+        hit = table.get(key)
+        if hit is None:
+            hit = make()
+            if len(table) >= limit:
+                table.clear()
+            table[key] = hit
+        return hit
+
     def local_box(self, coord: tuple[int, ...] | None) -> tuple[tuple[int, int], ...]:
         """(start, length) per tensor axis of the shard at mesh coordinate ``coord``."""
         return _local_box(self.mesh.shape, self.placements, self.shape, coord)

@@ -1264,24 +1264,22 @@ def moved(x: DistTensor, dst: DistSpec, chain: tuple | None = None, how: Any = N
         if out is not None:
             return out
     spec = x._spec
-    if x._derived is not None and (chain is None or len(chain) == 1):
-        local = _from_root(x, dst)
-        if local is not None:
-            if memo is None:
-                memo = x._moved = {}
-            source = x._local
-            memo[dst] = (source, local, autograd.version(source), autograd.version(local))
-            return local
-    if chain is None or len(chain) == 1:
-        if how is None:
-            how = _reshard.move(spec, dst)
-        local = _reshard.execute(x._local, spec, dst, how)
-    else:  # dispatch's bool Partials: reduced first
-        local = x._local
-        for step in chain:
-            local, spec = _reshard.execute(local, spec, step), step
-        how = _reshard.move(x._spec, dst)
-    if not how.gathers or math.prod(dst.shape) * dst.dtype.itemsize <= MEMO_GATHER_BYTES:
+    one_step = chain is None or len(chain) == 1
+    local = _from_root(x, dst) if x._derived is not None and one_step else None
+    if local is not None:  # read from the pick's root: remembered like a move
+        keep = True
+    else:
+        if one_step:
+            if how is None:
+                how = _reshard.move(spec, dst)
+            local = _reshard.execute(x._local, spec, dst, how)
+        else:  # dispatch's bool Partials: reduced first
+            local = x._local
+            for step in chain:
+                local, spec = _reshard.execute(local, spec, step), step
+            how = _reshard.move(x._spec, dst)
+        keep = not how.gathers or math.prod(dst.shape) * dst.dtype.itemsize <= MEMO_GATHER_BYTES
+    if keep:
         if memo is None:
             memo = x._moved = {}
         source = x._local
@@ -1402,16 +1400,8 @@ def _reshard_target(spec: DistSpec, mesh: ProcessMesh, placements: Any) -> tuple
     same = (dst.mesh is spec.mesh and dst.placements == spec.placements) or dst == spec
     hit = (dst, None if same else _reshard.move(spec, dst))
     if isinstance(placements, (list, tuple)):
-        try:
-            key = (mesh, *placements)
-            hash(key)
-        except TypeError:
-            return hit
-        targets = spec.__dict__.get("_to")
-        if targets is None or len(targets) >= _TARGETS_PER_SPEC:
-            targets = {}
-            object.__setattr__(spec, "_to", targets)
-        targets[key] = hit
+        with contextlib.suppress(TypeError):  # placements that cannot key the dict
+            spec.kept("_to", (mesh, *placements), lambda: hit, _TARGETS_PER_SPEC)
     return hit
 
 

@@ -158,18 +158,25 @@ def default_grid(mesh: dt.ProcessMesh, case: GradCase) -> list[tuple]:
 
 
 # -- the check ---------------------------------------------------------------------------------
-def graph_ops(t: dt.DistTensor) -> set[str]:
-    """Names of the recorded ops ``t`` depends on (a walk of the tape)."""
-    names, stack, seen = set(), [t], set()
+def tape(t: dt.DistTensor) -> dict[str, bool]:
+    """The recorded ops ``t`` depends on (a walk of the tape): name -> whether every node of
+    that name has its gradient function (backward frees them)."""
+    names: dict[str, bool] = {}
+    stack, seen = [t], set()
     while stack:
         u = stack.pop()
         if u._node is None or id(u._node[0]) in seen:
             continue
         node = u._node[0]
         seen.add(id(node))
-        names.add(node.name)
+        names[node.name] = names.get(node.name, True) and node.fn is not None
         stack.extend(i for i in node.inputs if i is not None)
     return names
+
+
+def graph_ops(t: dt.DistTensor) -> set[str]:
+    """Names of the recorded ops ``t`` depends on."""
+    return set(tape(t))
 
 
 def backward(out, cots: list[np.ndarray]) -> set[str]:

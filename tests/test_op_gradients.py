@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from grad_cases import tape
 
 import disttensor as dt
 from disttensor import autograd, oplist
@@ -46,21 +47,6 @@ COMPOSITE_WHEN_COLUMNS_SPLIT = FUSED - {"gelu"}
 def page_column() -> dict[str, str]:
     """op -> its gradient column in docs/ops.md."""
     return {m.group(1): m.group(3) for m in ROW.finditer((ROOT / "docs/ops.md").read_text())}
-
-
-def _tape(t: Any) -> dict[str, bool]:
-    """The recorded ops ``t`` depends on: name -> whether each of its nodes has a gradient."""
-    names: dict[str, bool] = {}
-    stack, seen = [t], set()
-    while stack:
-        u = stack.pop()
-        if u._node is None or id(u._node[0]) in seen:
-            continue
-        node = u._node[0]
-        seen.add(id(node))
-        names[node.name] = names.get(node.name, True) and node.fn is not None
-        stack.extend(i for i in node.inputs if i is not None)
-    return names
 
 
 def _outputs(out: Any) -> list[Any]:
@@ -99,7 +85,7 @@ def _run(name: str, placement: dt.Placement) -> dict[str, Any]:
         for o in flowing[1:]:
             loss = loss + o.sum()
         for o in flowing:
-            for op, has in _tape(o).items():
+            for op, has in tape(o).items():
                 rec["tape"][op] = rec["tape"].get(op, True) and has
         try:
             with np.errstate(all="ignore"):

@@ -232,14 +232,8 @@ def _region_index(ckey: tuple, box) -> tuple[tuple, tuple] | None:
 def write_region(target: DistTensor, ckey: tuple, value: Any) -> None:
     spec = target._spec
     rank = comm.get_rank()
-    plans = spec.__dict__.get("_writes")  # as Note [Slice plans kept on the spec] in shape.py
-    plan = None if plans is None else plans.get((ckey, rank))
-    if plan is None:
-        plan = _write_plan(target, ckey, rank)
-        if plans is None or len(plans) >= 16:
-            plans = {}
-            object.__setattr__(spec, "_writes", plans)
-        plans[ckey, rank] = plan
+    # kept as Note [Slice plans kept on the spec] in shape.py says
+    plan = spec.kept("_writes", (ckey, rank), lambda: _write_plan(target, ckey, rank), 16)
     region, coord, mine, wants = plan
     vshape = _value_shape_fits(tuple(_shape(value)), region)
     if isinstance(value, DistTensor):

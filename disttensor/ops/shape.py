@@ -368,8 +368,13 @@ def getitem(x, key):
 
 
 def _picked(spec: DistSpec) -> bool:
-    """Whether a getitem result of ``spec`` is Partial over a mesh dim of several ranks."""
-    return any(p.is_partial() and n > 1 for p, n in zip(spec.placements, spec.mesh.shape))
+    """Whether a getitem result of ``spec`` is Partial over a mesh dim of several ranks
+    (asked on every getitem: kept on the spec, whose outputs come from cached plans)."""
+    hit = spec.__dict__.get("_picked")
+    if hit is None:
+        hit = any(p.is_partial() and n > 1 for p, n in zip(spec.placements, spec.mesh.shape))
+        object.__setattr__(spec, "_picked", hit)
+    return hit
 
 
 # Note [Slices of split axes]
@@ -385,14 +390,9 @@ def _picked(spec: DistSpec) -> bool:
 def _sliced_split(x: DistTensor, ckey: tuple) -> DistTensor | None:
     spec = x._spec
     rank = comm.get_rank()
-    plans = spec.__dict__.get("_slices")  # Note [Slice plans kept on the spec]
-    plan = None if plans is None else plans.get((ckey, rank))
-    if plan is None:
-        plan = _slice_plan(spec, ckey, rank)
-        if plans is None or len(plans) >= _SLICES_PER_SPEC:
-            plans = {}
-            object.__setattr__(spec, "_slices", plans)
-        plans[ckey, rank] = plan
+    plan = spec.kept(  # Note [Slice plans kept on the spec]
+        "_slices", (ckey, rank), lambda: _slice_plan(spec, ckey, rank), _SLICES_PER_SPEC
+    )
     if plan is _BY_RULE:
         return None
     out_spec, fetch, index, coord, shape = plan

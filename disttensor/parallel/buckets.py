@@ -81,6 +81,12 @@ class Bucket:
     launched: bool = False
 
     @property
+    def scatters(self) -> bool:
+        """A sharding stage's reduce-scatter bucket (its key ends with "scatter": Note
+        [Gradients scattered in backward] in parallel/sharding.py), not an all-reduce one."""
+        return len(self.key) > 3
+
+    @property
     def nbytes(self) -> int:
         return self.size * np.dtype(self.key[1]).itemsize
 
@@ -215,7 +221,7 @@ class Reducer:
 
     def _close(self, b: Bucket) -> None:
         del self.building[b.key]
-        if len(b.key) == 3:  # an all-reduce bucket; a reduce-scatter one packs at each launch
+        if not b.scatters:  # a reduce-scatter bucket packs into the stage's buffers at launch
             b.buffer = b.on.xp.empty(b.size, np.dtype(b.key[1]))
             b.offsets = bucket_offsets([m.shape for m in b.members])  # host arithmetic
         self.buckets.append(b)
@@ -266,7 +272,7 @@ class Reducer:
                 self._launch(b, blocking=True)
 
     def _launch(self, b: Bucket, blocking: bool) -> None:
-        if len(b.key) > 3:  # Note [Gradients scattered in backward]
+        if b.scatters:  # Note [Gradients scattered in backward]
             self._launch_scatter(b, blocking)
             return
         buf = b.buffer
@@ -306,7 +312,7 @@ class Reducer:
         for b in self.buckets:
             if not b.launched:
                 continue
-            if len(b.key) > 3:  # a reduce-scatter bucket: its slices (finished, or now)
+            if b.scatters:  # its slices (finished, or now)
                 if b.scattered is not None:
                     self._finish_scatter(b)
                 for m, g in zip((m for m, here in zip(b.members, b.present) if here), b.slices):
@@ -371,7 +377,7 @@ class Reducer:
                     "reduce": b.key[2],
                     # a sharding stage's bucket (Note [Gradients scattered in backward] in
                     # parallel/sharding.py) keeps no buffer of its own between steps
-                    "collective": "all_reduce" if len(b.key) == 3 else "reduce_scatter",
+                    "collective": "reduce_scatter" if b.scatters else "all_reduce",
                 }
                 for b in self.buckets
             ],

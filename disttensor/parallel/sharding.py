@@ -64,6 +64,7 @@ import numpy as np
 
 from .. import autograd, backend, comm
 from ..comm.agree import doing
+from ..comm.base import displacements
 from ..mesh import ProcessMesh, names_differ
 from ..nn.module import set_forward_gather
 from ..placement import Partial, Shard
@@ -186,7 +187,7 @@ class _Layout:
     def __init__(self, members: list[_Slice]) -> None:
         n = len(members[0].bounds)
         self.counts = [sum(s.sizes[r] for s in members) for r in range(n)]
-        at = _starts(self.counts)
+        at = displacements(self.counts)
         self.offsets = []
         for s in members:
             self.offsets.append(tuple(at))
@@ -827,14 +828,6 @@ def _wrappers(params: list) -> list:
 def _shares(view: Any, base: Any) -> bool:
     """``view`` is a view into ``base`` (numpy's or a device's: by ``.base``)."""
     return view is not base and getattr(view, "base", None) is base
-
-
-def _starts(counts: list[int]) -> list[int]:
-    out, at = [], 0
-    for c in counts:
-        out.append(at)
-        at += c
-    return out
 
 
 def _as(a: Any, dtype: Any) -> Any:
