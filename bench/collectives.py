@@ -26,7 +26,7 @@ around the MPI calls, written as lean as the library's own:
     folded          data and 16 check elements in one all-reduce (copies in and out): the
                     fingerprint in 8-bit pieces and their squares, whose sums equal the
                     rank's own times the ranks on every rank only where all are equal
-    envelope        one all-gather of a slot per rank (fingerprint, size, data; 2048 bytes
+    envelope        one all-gather of a slot per rank (fingerprint, size, data; 1024 bytes
                     on 2 ranks, as the library's), the fingerprints compared and the sum
                     taken from the slots
 

@@ -30,10 +30,11 @@ from .autograd import GRADIENTS as _GRADIENTS
 from .autograd import NOT_DIFFERENTIABLE as _NOT_DIFFERENTIABLE
 from .autograd import _memo  # Note [One move per input]
 from .comm import _ctx as _comm_ctx
-from .comm.agree import doing, fixed_item
+from .comm.agree import _doing, doing, fixed_item
 from .explain import HOOKS as _explain
 from .mesh import different_meshes
 from .placement import Replicate
+from .reshard import move as _reshard_move
 from .spec import DistSpec
 from .spmd import TensorSpec, get_rule
 from .tensor import DistTensor, moved
@@ -132,6 +133,15 @@ class Op:
 # gradient function to record: gradients register at import, before any entry is made), the
 # call is just: kernel, a dtype and shape check of the result (a wrong rule still fails
 # loudly), wrap, record.
+# A plan that moves inputs, each in one step (``movable``: the Partial divisor of ``rs / d``
+# reduced, the vector of ``A @ p`` gathered), with one output, takes the same path when no
+# gradient is to be recorded: ``moving`` holds each moving argument's position, target spec
+# and planned move (made once: the key's specs are these very objects), and
+# ``_fast_moves`` moves each new tensor through ``moved`` (so a tensor moved before is not
+# moved again, Note [One move per tensor]) under the entry's label, the item the general
+# path's ``_named`` pushes, so the agreement check sees the same call either way. Under
+# dt.explain, inside a gradient function (its move memo) and with a gradient to record,
+# the general path runs.
 # Everything else takes the general path, which is the same five steps with every check.
 
 
@@ -141,7 +151,8 @@ def _forget(key: tuple, _ref: Any) -> None:
 
 
 class _Entry:
-    __slots__ = ("dense", "label", "last", "mesh", "plan", "pos", "refs", "simple")
+    __slots__ = ("dense", "label", "last", "mesh", "movable", "moving", "plan", "pos", "refs",
+                 "simple")  # fmt: skip
 
     def __init__(self, specs: tuple, plan: tuple, pos: tuple, nargs: int, key: tuple) -> None:
         forget = functools.partial(_forget, key)
@@ -152,9 +163,20 @@ class _Entry:
         self.dense = len(pos) == nargs  # every argument a DistTensor
         _, out_placements, out_shapes, moves, _ = plan
         self.simple = moves is None and out_shapes is not None and len(out_placements) == 1
+        # the plan moves inputs, each in one step, and has one output: the fast path moves
+        # them itself (Note [Dispatch fast path])
+        self.movable = (
+            moves is not None
+            and out_shapes is not None
+            and len(out_placements) == 1
+            and all(len(chain) <= 1 for chain in moves)
+        )
         # (world, coord, kernel ctx, dtype, spec, local shape, recorded, (spec,), gradient
         # function): _finish
         self.last: tuple | None = None
+        # the movable plan's moves: (argument position, target spec, reshard.move(source,
+        # target)) per moving input; None: nothing moves
+        self.moving: tuple | None = None
         self.label: tuple | None = None  # _named's item
 
 
@@ -256,8 +278,12 @@ def _call(op: Op, *args: Any, **attrs: Any) -> Any:
     except TypeError:  # unhashable attributes: decide every time
         entry = key = None
     if entry is not None:
-        last = entry.last  # set only where the plan moves nothing and has one output
-        if last is not None and last[0] is _comm_ctx.world:
+        last = entry.last  # set only where the plan has one output and moves in one step
+        if (
+            last is not None
+            and last[0] is _comm_ctx.world
+            and (entry.moving is None or (not grad and _fast_moves(entry, args, kargs)))
+        ):
             extra = None
             if not _DEVICE or (t := type(first)) not in _DEVICE:  # host shards: numpy
                 t = _ND
@@ -296,6 +322,38 @@ def _call(op: Op, *args: Any, **attrs: Any) -> Any:
 
 
 Op.__call__ = _call  # type: ignore[method-assign]  # one frame less per op
+
+
+def _fast_moves(entry: _Entry, args: tuple, kargs: list) -> bool:
+    """The fast path's step 3 for an entry whose plan moves inputs (``entry.moving``): each
+    moving input's local array in its target layout into ``kargs``, as ``_move`` gives it,
+    under the entry's label for the agreement check (the general path's ``_named``). False,
+    moving nothing, where the general path must run: dt.explain records, or a gradient
+    function's move memo is open."""
+    if _explain.active or _memo.table is not None:
+        return False
+    stack = _doing.stack
+    if stack is None:
+        stack = _doing.stack = []
+    stack.append(entry.label)
+    try:
+        done = None  # (tensor, target, local) of the moves made: ``d * d`` moves d once
+        for i, dst, how in entry.moving:
+            t = args[i]
+            if done is not None:
+                for u, udst, ulocal in done:
+                    if u is t and udst is dst:
+                        kargs[i] = ulocal
+                        break
+                else:
+                    kargs[i] = local = moved(t, dst, None, how)
+                    done.append((t, dst, local))
+                continue
+            kargs[i] = local = moved(t, dst, None, how)
+            done = [(t, dst, local)]
+    finally:
+        stack.pop()
+    return True
 
 
 def _mixed_key(op: Op, attrs_key: tuple, args: tuple) -> tuple:
@@ -504,7 +562,20 @@ def _finish(op, args, attrs, entry, plan, mesh, coord, kargs, result, tensors, p
     array type; ``extra``: what a saving kernel kept, Note [Saved for backward])."""
     targets, out_placements, out_shapes, moves, out_specs = plan
     out = _wrap(op, result, mesh, coord, out_placements, out_shapes, out_specs, t)
-    if entry is not None and entry.simple and coord is not None and type(out) is DistTensor:
+    if (
+        entry is not None
+        and (entry.simple or entry.movable)
+        and coord is not None
+        and type(out) is DistTensor
+    ):
+        if entry.movable and entry.moving is None:
+            entry.moving = tuple(
+                (i, chain[0], _reshard_move(a._spec, chain[0]))
+                for i, a, chain in zip(pos, tensors, moves)
+                if chain
+            )
+            if entry.label is None:
+                entry.label = fixed_item(_label, op.name, [a._spec for a in tensors])
         # the fast path may take the next call (Note [Dispatch fast path])
         kctx = KernelContext(targets, out_placements, coord, out_shapes) if op.ctx else None
         # integer/bool results and the ops of NOT_DIFFERENTIABLE are constants for autograd

@@ -151,7 +151,7 @@ class Move:
     function and the spec each starts from, and whether it gathers (a Shard becomes whole on
     some mesh dim)."""
 
-    __slots__ = ("bound", "cross", "gathers", "item", "steps")
+    __slots__ = ("bound", "cross", "gathers", "item", "nbytes", "steps")
 
     def __init__(self, spec: DistSpec, dst: DistSpec) -> None:
         # what the agreement check names (its hash worked out once), and per world the
@@ -163,6 +163,7 @@ class Move:
             p.is_shard() and q != p and n > 1
             for p, q, n in zip(spec.placements, dst.placements, spec.mesh.shape)
         )
+        self.nbytes = math.prod(dst.shape) * dst.dtype.itemsize  # the global size moved
         self.steps = () if self.cross else tuple(
             (_STEPS[step.kind], step, before) for step, before in _path(spec, dst)
         )  # fmt: skip
@@ -247,12 +248,15 @@ def _path(spec: DistSpec, dst: DistSpec) -> tuple[tuple[Step, DistSpec], ...]:
 class _Dim:
     """This rank's place along one mesh dim; the communicator is made only when a step needs it."""
 
-    __slots__ = ("size", "rank", "_key", "_comm")
+    __slots__ = ("size", "rank", "_key", "_comm", "memo")
 
     def __init__(self, mesh, m: int, rank: int, coord: tuple[int, ...]) -> None:
         self.size, self.rank = mesh.shape[m], coord[m]
         self._key = (mesh, m, rank)
         self._comm: comm.Communicator | None = None
+        # what the step's function works out from its spec, step and coordinate, kept for
+        # the next call (one _Dim per bound step: Move.bind)
+        self.memo: Any = None
 
     @property
     def comm(self) -> comm.Communicator:
@@ -330,9 +334,17 @@ def _contiguous_along(shape: tuple[int, ...], axis: int) -> bool:
 
 
 def _all_gather(local, spec, step, coord, group):
-    d = step.src.dim
-    full = _block(spec, step.mesh_dim, coord)
-    sizes, counts = _split_counts(full, d, group.size)
+    prep = group.memo  # the gathered block's shape and the parts' counts: the same each call
+    if prep is None:
+        d = step.src.dim
+        full = _block(spec, step.mesh_dim, coord)
+        sizes, counts = _split_counts(full, d, group.size)
+        prep = group.memo = (d, full, sizes, tuple(counts))
+    d, full, sizes, counts = prep
+    if type(local) is np.ndarray and local.flags.c_contiguous and len(full) == 1:
+        out = np.empty(full, spec.dtype)  # the common case: a vector, no lookups
+        group.comm.allgather(local, out, counts)
+        return out
     local = contiguous(local)
     xp = _xp(local)
     out = xp.empty(full, spec.dtype)

@@ -1278,7 +1278,7 @@ def moved(x: DistTensor, dst: DistSpec, chain: tuple | None = None, how: Any = N
             for step in chain:
                 local, spec = _reshard.execute(local, spec, step), step
             how = _reshard.move(x._spec, dst)
-        keep = not how.gathers or math.prod(dst.shape) * dst.dtype.itemsize <= MEMO_GATHER_BYTES
+        keep = not how.gathers or how.nbytes <= MEMO_GATHER_BYTES
     if keep:
         if memo is None:
             memo = x._moved = {}

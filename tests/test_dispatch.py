@@ -7,6 +7,8 @@ from __future__ import annotations
 import gc
 
 import numpy as np
+import pytest
+from mpirun import run
 
 import disttensor as dt
 from disttensor import dispatch
@@ -108,3 +110,51 @@ def test_moves_that_relabel_size_one_mesh_dims_are_no_moves():
             np.testing.assert_allclose(got, w)
         assert counts == {}
         assert plans and all(m is None for m in plans), plans
+
+
+FAST_MOVES = r"""
+import numpy as np
+import disttensor as dt
+from disttensor import dispatch
+from disttensor.tensor import DistTensor
+
+calls = []
+general = dispatch._general
+dispatch._general = lambda op, *a: calls.append(op.name) or general(op, *a)
+mesh = dt.ProcessMesh(list(range(dt.get_world_size())))
+rng = np.random.default_rng(3)
+gA, gp, gq = rng.standard_normal((5, 5)), rng.standard_normal(5), rng.standard_normal(5)
+A = dt.shard_tensor(gA, mesh, [dt.Shard(0)])
+rs = dt.shard_tensor(np.float64(2.0), mesh, [dt.Replicate()])
+p = dt.shard_tensor(gp, mesh, [dt.Shard(0)])
+q = dt.shard_tensor(gq, mesh, [dt.Shard(0)])
+d0 = gp @ gq
+want = [2.0 / d0, d0 * d0, gA @ gp, gA @ gp, 2.0 / d0]
+for step in range(6):
+    pi = DistTensor(p.to_local().copy(), p._spec)  # a new tensor of the same spec
+    with dt.CommCounter() as cc:
+        d = pi @ q  # Partial: nothing moves
+        out = [rs / d, d * d, A @ pi, A @ pi, rs / d]
+    # d reduced once (d * d and the second rs / d reuse it), pi gathered once
+    assert cc.counts == {"all_reduce": 1, "all_gather": 1}, (step, cc.counts)
+    for got, w in zip(out, want):
+        assert np.allclose(got.numpy(), w, rtol=1e-12, atol=0), (step, got.numpy(), w)
+# the general path decided each call shape once: later calls moved on the fast path
+assert calls.count("divide") == 1 and calls.count("matmul") == 2, calls
+print("FAST MOVES OK", dt.get_rank())
+"""
+
+
+@pytest.mark.mpi
+def test_the_fast_path_moves_inputs_as_the_general_path_does(tmp_path):
+    """A plan that moves inputs in one step takes the fast path from its second call on
+    (Note [Dispatch fast path]): each new tensor is still moved (one all-reduce of a Partial
+    divisor, one all-gather of a split vector), a tensor already moved is not moved again,
+    the values are numpy's, and the general path runs once per decision. Under mpiexec: the
+    simulated ranks of dt.simulate share one cache and take turns in its entries."""
+    script = tmp_path / "script.py"
+    script.write_text(FAST_MOVES)
+    for n in (2, 3):
+        code, out = run(n, [str(script)], timeout=120)
+        assert code == 0, out
+        assert out.count("FAST MOVES OK") == n, out

@@ -53,14 +53,19 @@ Note [The check rides along]
       float32, bool as logical or/and, NaN-propagating max/min, 8- and 16-bit sums wrapping
       around; so every rank gets the same bits). One MPI call instead of the check's round
       trip plus the data call. (mpi.py: ``MPIComm._check`` and the kinds' pack and unpack
-      functions; the all-reduce's written out in ``MPIComm.allreduce``.)
+      functions; the all-reduce's and the all-gather's written out in ``MPIComm.allreduce`` and
+      ``MPIComm.allgather``, each with a plan per call shape kept on the envelope.)
     * Otherwise (a payload too large on some rank, device buffers, a bare ``agree``) the
       envelope is the check alone and the data call follows, as before; the slot's size
       costs nothing next to such data.
-    * ``room`` is about 4 KiB over the whole group (mpi.ENVELOPE_BYTES divided by the ranks,
-      less the 16-byte header): 2032 bytes a rank on 2 ranks, 496 on 8, none from 256 ranks,
-      so up to 256 ranks an envelope gathers at most 4 KiB; beyond, 16 bytes a rank (the
-      16-byte all-reduce it replaces grew with the log of the ranks only).
+    * ``room`` is about 2 KiB over the whole group (mpi.ENVELOPE_BYTES divided by the ranks,
+      less the 16-byte header): 1008 bytes a rank on 2 ranks, 240 on 8, none from 128 ranks,
+      so up to 128 ranks an envelope gathers at most 2 KiB; beyond, 16 bytes a rank (the
+      16-byte all-reduce it replaces grew with the log of the ranks only). The slot is the
+      same size whatever the call (ranks in different calls must still meet in one MPI call
+      of one size), so its size is what the smallest collectives pay: on 2 ranks (MPICH
+      5.0.2) an all-gather of 2064-byte slots took 0.3 to 0.9 us more than one of 1040,
+      which in turn is within 0.1 us of a 32-byte one.
 
     The alternatives, as raw mpi4py on 2 ranks (bench/collectives.py --alternatives; MPICH
     5.0.2, an 8-float all-reduce alone 3.42 us; docs/performance.md, "The agreement check

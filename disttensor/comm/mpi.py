@@ -33,8 +33,12 @@ import numpy as np
 
 from ..backend import DEVICE_ARRAYS, of
 from . import agree
-from .base import Communicator, Work, displacements, equal_counts, record
+from .agree import _doing
+from .base import Communicator, Work, _observers, displacements, equal_counts, record
 from .watchdog import WATCH
+
+_ND = np.ndarray
+_WATCH_ENTER, _WATCH_EXIT = WATCH.enter, WATCH.exit
 
 _OPS = {}
 _MODULE: list = []  # mpi4py.MPI once imported: an import statement per call costs a collective
@@ -80,7 +84,7 @@ def _bytes(a: np.ndarray) -> np.ndarray:
 
 # -- the envelope (Note [The check rides along] in comm/agree.py) -----------------------------
 HEAD = 16  # a slot's header: the fingerprint and the payload's byte size (-1: none), int64
-ENVELOPE_BYTES = 4096  # a group's envelope gathers about this much at most
+ENVELOPE_BYTES = 2048  # a group's envelope gathers about this much at most
 
 
 def room(size: int) -> int:
@@ -93,8 +97,8 @@ class _Envelope:
     """A group's envelope buffers, made at its first check and reused: this rank's slot, and
     every rank's after the all-gather."""
 
-    __slots__ = ("gather", "room", "mine", "every", "head", "heads", "typed", "rows", "specs",
-                 "sums")  # fmt: skip
+    __slots__ = ("gather", "gathers", "room", "mine", "every", "head", "heads", "typed", "rows",
+                 "specs", "sums")  # fmt: skip
 
     def __init__(self, comm, size: int) -> None:
         self.gather = comm.Allgather  # on the group's check channel
@@ -110,7 +114,8 @@ class _Envelope:
         self.heads = self.every[:, :HEAD].view(np.int64)  # every rank's (fingerprint, size)
         self.typed: dict[tuple, tuple] = {}
         self.rows: list = []  # every rank's payload of the reduction being packed
-        self.sums: dict[tuple, tuple] = {}  # MPIComm.allreduce's plans
+        self.sums: dict[tuple, list] = {}  # MPIComm.allreduce's plans
+        self.gathers: dict[tuple, list] = {}  # MPIComm.allgather's plans
 
     def reduction(self, dtype: np.dtype, shape: tuple, op: str, size: int) -> tuple:
         """MPIComm.allreduce's plan for a payload of ``dtype`` and ``shape`` that fits:
@@ -121,11 +126,36 @@ class _Envelope:
         key = (dtype, n, op)  # the fingerprint's key: the same as the general path's
         one = size == 2 and op != "avg" and dtype.char not in "?e"  # _reduce_rows' common case
         fp = agree.FINGERPRINTS.get(("all_reduce", key)) or agree.fingerprint("all_reduce", key)
-        # the last: (the doing item last seen alone on the stack, fp with it folded in)
-        plan = [mine, rows, fp, _UFUNCS[op] if one else None, n * dtype.itemsize, key, (None, 0)]
+        # the last: (the doing items last seen on the stack, the first and the second or None,
+        # and fp with them folded in)
+        plan = [mine, rows, fp, _UFUNCS[op] if one else None, n * dtype.itemsize, key,
+                (None, None, 0)]  # fmt: skip
         if len(self.sums) > 256:
             self.sums.clear()
-        self.sums[dtype, shape, op] = plan
+        self.sums[shape, dtype, op] = plan
+        return plan
+
+    def gathering(self, dtype: np.dtype, shape: tuple, counts: tuple, rank: int) -> list:
+        """MPIComm.allgather's plan for this rank's part of ``dtype`` and ``shape`` and every
+        rank's ``counts`` (each fits): (this rank's payload, every rank's payload (one array
+        of rows where the counts are equal, else a list of rows), each row's bounds in the
+        result or None, the call's fingerprint, this rank's byte size, key, the last doing
+        items as in ``reduction``)."""
+        isz = dtype.itemsize
+        mine = self.mine[HEAD : HEAD + counts[rank] * isz].view(dtype).reshape(shape)
+        if len(set(counts)) == 1:
+            rows = self.every[:, HEAD : HEAD + counts[0] * isz].view(dtype)
+            bounds = None
+        else:
+            rows = [self.every[r, HEAD : HEAD + n * isz].view(dtype) for r, n in enumerate(counts)]
+            ends = np.cumsum(counts).tolist()
+            bounds = [(end - n, end) for n, end in zip(counts, ends)]
+        key = (dtype, counts)  # the fingerprint's key: the same as the general path's
+        fp = agree.FINGERPRINTS.get(("all_gather", key)) or agree.fingerprint("all_gather", key)
+        plan = [mine, rows, bounds, fp, counts[rank] * isz, key, (None, None, 0)]
+        if len(self.gathers) > 256:
+            self.gathers.clear()
+        self.gathers[shape, dtype, counts] = plan
         return plan
 
     def views(self, dtype: np.dtype, shape: tuple) -> tuple:
@@ -145,6 +175,22 @@ class _Envelope:
     def payload(self, rank: int, nbytes: int, offset: int = 0) -> np.ndarray:
         """``rank``'s payload bytes ``[offset, offset + nbytes)``."""
         return self.every[rank, HEAD + offset : HEAD + offset + nbytes]
+
+
+def _folded(plan: list, at: int, fp: int) -> int:
+    """Fingerprint ``fp`` of a planned call with what the library is doing folded in
+    (``agree.in_context``), kept in ``plan[at]`` for the items last seen on the stack (a
+    reshard's one, or an op's label and its reshard's; compared by identity, so a repeated
+    call folds nothing)."""
+    stack = _doing.stack
+    first, second, folded = plan[at]
+    n = len(stack)
+    if first is stack[0] and (second is None if n == 1 else n == 2 and second is stack[1]):
+        return folded
+    folded = agree.in_context(fp)
+    if n <= 2:
+        plan[at] = (stack[0], stack[1] if n == 2 else None, folded)
+    return folded
 
 
 def _host(a: Any, b: Any) -> bool:
@@ -521,41 +567,100 @@ class MPIComm(Communicator):
         the envelope) is ``_check``'s carried path written out: the Partial -> Replicate of
         a loss or a norm, where the Python around the MPI call is most of the time."""
         if (
-            not agree.CHECK
+            type(send) is not _ND
+            or type(recv) is not _ND
+            or not agree.CHECK
             or agree.DEBUG
             or self.size == 1
-            or type(send) is not np.ndarray
-            or type(recv) is not np.ndarray
         ):
             return Communicator.allreduce(self, send, recv, op)
         e = self._envelope or self._new_envelope()
-        plan = e.sums.get((send.dtype, send.shape, op))
+        plan = e.sums.get((send.shape, send.dtype, op))
         if plan is None:
             if send.nbytes > e.room:
                 return Communicator.allreduce(self, send, recv, op)
             plan = e.reduction(send.dtype, send.shape, op, self.size)
-        mine, rows, fp, pair, nbytes, key, last = plan
+        mine, rows, fp, pair, nbytes, key, _ = plan
         self._seq += 1
-        record("check", 16)
+        fns = _observers.fns
+        if fns:
+            record("check", 16)
         mine[...] = send
-        # what the library is doing folded in: kept for the one item a reshard pushes
-        stack = agree._doing.stack
-        if stack and len(stack) == 1:
-            if last[0] is not stack[0]:
-                last = plan[6] = (stack[0], agree.in_context(fp))
-            fp = last[1]
-        elif stack:
-            fp = agree.in_context(fp)
-        carried = self._exchange(e, fp, "all_reduce", nbytes)
-        if carried is None:
-            self._diverged("all_reduce", key)
-        record("all_reduce", nbytes)
+        if _doing.stack:
+            fp = _folded(plan, 6, fp)
+        head = e.head
+        head[0] = fp
+        head[1] = nbytes
+        wkey = _WATCH_ENTER("all_reduce", self.ranks)  # a rank that never comes: as in the call
+        try:
+            e.gather(*e.specs)
+        finally:
+            _WATCH_EXIT(wkey)
+        heads = e.heads.tolist()
+        if heads.count([fp, nbytes]) != self.size:  # a fingerprint differs, or a payload is
+            carried = self._compare(heads, fp)  # not host memory
+            if carried is None:
+                self._diverged("all_reduce", key)
+        else:
+            carried = True
+        if fns:
+            record("all_reduce", nbytes)
         if not carried:  # another rank's buffers are not host memory: the data call
             self._allreduce(send, recv, op)
         elif pair is not None and recv.shape == send.shape:
             pair(rows[0], rows[1], out=recv)
         else:
             _reduce_rows(rows, recv.reshape(send.shape), op, self.size)
+
+    def allgather(self, send, recv, counts):
+        """``Communicator.allgather``, whose small case (host buffers, every rank's part fits
+        the envelope) is ``_check``'s carried path written out, as ``allreduce``'s: the
+        vector a matrix-vector product gathers each iteration."""
+        if (
+            type(send) is not _ND
+            or type(recv) is not _ND
+            or not agree.CHECK
+            or agree.DEBUG
+            or self.size == 1
+        ):
+            return Communicator.allgather(self, send, recv, counts)
+        e = self._envelope or self._new_envelope()
+        counts = tuple(counts)
+        plan = e.gathers.get((send.shape, send.dtype, counts))
+        if plan is None:
+            if max(counts) * send.itemsize > e.room or send.size != counts[self.rank]:
+                return Communicator.allgather(self, send, recv, counts)
+            plan = e.gathering(send.dtype, send.shape, counts, self.rank)
+        mine, rows, bounds, fp, nbytes, key, _ = plan
+        self._seq += 1
+        fns = _observers.fns
+        if fns:
+            record("check", 16)
+        mine[...] = send
+        if _doing.stack:
+            fp = _folded(plan, 6, fp)
+        head = e.head
+        head[0] = fp
+        head[1] = nbytes
+        wkey = _WATCH_ENTER("all_gather", self.ranks)
+        try:
+            e.gather(*e.specs)
+        finally:
+            _WATCH_EXIT(wkey)
+        carried = self._compare(e.heads.tolist(), fp)
+        if carried is None:
+            self._diverged("all_gather", key)
+        if fns:
+            record("all_gather", nbytes)
+        if not carried:  # another rank's buffers are not host memory: the data call
+            self._allgather(send, recv, counts)
+            return
+        out = recv.reshape(-1)
+        if bounds is None:  # equal parts: one copy
+            out.reshape(rows.shape)[...] = rows
+        else:
+            for row, (a, b) in zip(rows, bounds):
+                out[a:b] = row
 
     def _check_fp(self, fp, kind, call=None):
         """The bare check in the envelope (a device communicator's, comm/nccl.py)."""
@@ -578,8 +683,14 @@ class MPIComm(Communicator):
             e.gather(*e.specs)
         finally:
             WATCH.exit(key)
+        return self._compare(e.heads.tolist(), fp)
+
+    @staticmethod
+    def _compare(heads: list, fp: int) -> bool | None:
+        """Every rank's (fingerprint, payload size) after the gather: None if a fingerprint
+        is not ``fp``, else whether every rank's payload is there."""
         carried = True
-        for f, n in e.heads.tolist():
+        for f, n in heads:
             if f != fp:
                 return None
             if n < 0:  # a payload not there: the data call moves them all
