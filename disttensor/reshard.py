@@ -216,7 +216,11 @@ def execute(local: Any, spec: DistSpec, dst: DistSpec, how: Move | None = None) 
         coord = hit[1]
         if coord is None:  # not in the mesh: nothing to hold, nothing to do
             return _empty(dst, coord, local)
-        for fn, before, step, dim in hit[2]:
+        runs = hit[2]
+        if len(runs) == 1:  # most moves: one step
+            fn, before, step, dim = runs[0]
+            return fn(local, before, step, coord, dim)
+        for fn, before, step, dim in runs:
             local = fn(local, before, step, coord, dim)
         return local
     finally:
@@ -358,13 +362,12 @@ def _all_gather(local, spec, step, coord, group):
 
 
 def _all_reduce(local, spec, step, coord, group):
-    if type(local) is np.ndarray and local.flags.c_contiguous:  # the common case, no lookups
-        out = np.empty_like(local)
-    else:
+    prep = group.memo  # the communicator's all-reduce and the reduction: the same each call
+    if prep is None:
+        prep = group.memo = (group.comm.allreduce, step.src.reduce_type)
+    if type(local) is not np.ndarray or not local.flags.c_contiguous:
         local = contiguous(local)
-        out = _xp(local).empty_like(local)
-    group.comm.allreduce(local, out, step.src.reduce_type)
-    return out
+    return prep[0](local, None, prep[1])  # into a new array
 
 
 def _reduce_scatter(local, spec, step, coord, group):

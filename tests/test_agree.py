@@ -243,6 +243,10 @@ def _equal_calls(w, rank):
         out = np.empty(4, dtype)
         w.allreduce(np.full(4, rank + 1, dtype), out, "max")
         assert np.array_equal(out, np.full(4, 2, dtype))
+    for shape in ((), (3,), (2, 2)):  # recv None: a new array of send's shape, never a scalar
+        got = w.allreduce(np.full(shape, rank + 1.0), None, "sum")
+        assert type(got) is np.ndarray and got.shape == shape, (shape, type(got))
+        assert np.array_equal(got, np.full(shape, 3.0))
     out = np.empty(2)
     w.reduce_scatter(np.arange(4.0), out, [2, 2], "sum")
     assert np.array_equal(out, 2 * np.arange(4.0)[2 * rank : 2 * rank + 2])

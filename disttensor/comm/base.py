@@ -153,15 +153,18 @@ class Communicator:
         return None
 
     # -- collectives: each is checked, counted, then run unless the check carried it -----------
-    def allreduce(self, send: np.ndarray, recv: np.ndarray, op: str = "sum") -> None:
+    def allreduce(self, send: np.ndarray, recv: np.ndarray | None, op: str = "sum") -> Any:
         """``recv`` gets the ``op``-reduction of every rank's ``send``; ``send is recv`` reduces
-        in place."""
+        in place; ``recv`` None: into a new array like ``send``. Returns ``recv``."""
+        if recv is None:
+            recv = xp(send).empty_like(send)
         carried = agree.CHECK and self._agree_before(
             "all_reduce", (send.dtype, send.size, op), (send, recv, op)
         )
         record("all_reduce", send.nbytes)
         if not carried:
             self._allreduce(send, recv, op)
+        return recv
 
     def iallreduce(self, send: np.ndarray, recv: np.ndarray, op: str = "sum") -> Work:
         """Non-blocking ``allreduce`` (in place too): neither buffer may be touched until

@@ -568,7 +568,7 @@ class MPIComm(Communicator):
         a loss or a norm, where the Python around the MPI call is most of the time."""
         if (
             type(send) is not _ND
-            or type(recv) is not _ND
+            or (recv is not None and type(recv) is not _ND)
             or not agree.CHECK
             or agree.DEBUG
             or self.size == 1
@@ -605,12 +605,18 @@ class MPIComm(Communicator):
             carried = True
         if fns:
             record("all_reduce", nbytes)
+        if pair is not None and recv is None and carried:  # the common case, one call
+            out = pair(rows[0], rows[1])
+            return out if type(out) is _ND else np.asarray(out)  # 0-d: a numpy scalar
+        if recv is None:
+            recv = np.empty_like(send)
         if not carried:  # another rank's buffers are not host memory: the data call
             self._allreduce(send, recv, op)
         elif pair is not None and recv.shape == send.shape:
             pair(rows[0], rows[1], out=recv)
         else:
             _reduce_rows(rows, recv.reshape(send.shape), op, self.size)
+        return recv
 
     def allgather(self, send, recv, counts):
         """``Communicator.allgather``, whose small case (host buffers, every rank's part fits
