@@ -334,6 +334,33 @@ def _divide_or_exp_fast(w, rank, warm):
         np.exp(d)
 
 
+def _unchecked_reductions(w, rank):
+    """With the check off (DISTTENSOR_CHECK=0) the MPI backend sums most dtypes in the MPI
+    call alone: the results are the checked path's, for those and for the dtypes and ops
+    that keep their work-arounds (bool, float16, 8- and 16-bit sums, NaN-propagating max).
+    MPI only: the setting is the process's, which simulated ranks share."""
+    if w.backend != "mpi":
+        return
+    before = agree.set_checks(False)
+    try:
+        for name, values in _REDUCED.items():
+            dtype = np.dtype(name)
+            for op in ("sum", "max"):
+                if dtype.kind == "c" and op == "max":
+                    continue
+                mine = np.array(values[rank], dtype)
+                with np.errstate(all="ignore"):
+                    got = w.allreduce(mine, None, op)
+                    agree.set_checks(True)
+                    want = w.allreduce(mine, np.empty_like(mine), op)
+                    agree.set_checks(False)
+                assert np.array_equal(got.view(np.uint8), want.view(np.uint8)), (name, op)
+        got = w.allreduce(np.float64(rank + 1.0) * np.ones(()), None, "sum")
+        assert type(got) is np.ndarray and got.shape == () and got == 3.0
+    finally:
+        agree.set_checks(*before)
+
+
 def _equal_calls_large(w, rank):
     """Calls whose payloads do not fit the envelope, for all ranks or some: the check passes
     and the data call moves them."""
@@ -552,6 +579,7 @@ CASES = [
         warm=_divide_and_exp,
     ),
     Case("equal_calls", _equal_calls),
+    Case("unchecked_reductions", _unchecked_reductions),
     Case("equal_calls_large", _equal_calls_large),
     Case("carried_like_data_call", _carried_like_data_call),
     Case("small_calls_ride", _small_calls_ride),
