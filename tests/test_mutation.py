@@ -39,6 +39,48 @@ def test_partial_target_written_as_its_value():
     np.testing.assert_array_equal(value, want)
 
 
+def test_operator_updates_write_in_place_with_one_reduction():
+    """``w -= lr * g`` with g Partial (a gradient before its reduction) and w Replicate: one
+    all-reduce, the result written into w's own array (views of it see the update, its
+    spec stays), the values numpy's; ``x *= 2`` on a split x and ``x /= y`` communicate
+    nothing; a float into an int target raises a casting TypeError, as numpy does."""
+
+    def body():
+        mesh = dt.ProcessMesh([0, 1])
+        w = dt.shard_tensor(np.arange(6.0), mesh, [dt.Replicate()])
+        g = dt.shard_tensor(np.full(6, 0.5), mesh, [dt.Partial()])  # the value 0.5
+        x = dt.shard_tensor(np.arange(8.0), mesh, [dt.Shard(0)])
+        y = dt.shard_tensor(np.arange(8.0) + 1, mesh, [dt.Shard(0)])
+        local, spec, view = w.to_local(), w._spec, w[1:3]
+        counts = []
+        for _ in range(3):
+            with dt.CommCounter() as cc:
+                w -= 0.1 * g
+                x *= 2
+                x /= y
+            counts.append(dict(cc.counts))
+        try:
+            i = dt.shard_tensor(np.arange(4), mesh, [dt.Shard(0)])
+            i += 0.5
+            err = None
+        except Exception as e:  # the type is the assertion
+            err = type(e).__name__
+        return (w.to_local() is local, w._spec is spec, w.numpy(), view.numpy(), x.numpy(),
+                counts, err)  # fmt: skip
+
+    want_w = np.arange(6.0) - 3 * 0.1 * 0.5
+    want_x = np.arange(8.0)
+    for _ in range(3):
+        want_x = want_x * 2 / (np.arange(8.0) + 1)
+    for same, spec, w, view, x, counts, err in dt.simulate(2, body):
+        assert same and spec
+        np.testing.assert_allclose(w, want_w, rtol=1e-15)
+        np.testing.assert_allclose(view, want_w[1:3], rtol=1e-15)
+        np.testing.assert_allclose(x, want_x, rtol=1e-15)
+        assert counts == [{"all_reduce": 1}] * 3, counts
+        assert err in ("TypeError", "UFuncTypeError"), err  # numpy: a TypeError subclass
+
+
 def test_writes_report_what_gathers():
     """Note [Communication outside rules]: a write whose key or value has no rule shows in
     CommCounter().fallbacks and dt.fallback_report(); a local write shows nothing."""

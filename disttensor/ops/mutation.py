@@ -423,11 +423,39 @@ def _casting_error(name: str, src: np.dtype, dst: np.dtype, casting: str) -> Typ
     )
 
 
+# the in-place operators whose result takes the operator's own op (its dispatch fast path)
+_OPERATORS = {np.add: "add", np.subtract: "subtract", np.multiply: "multiply",
+              np.true_divide: "divide"}  # fmt: skip
+_SCALARS = (int, float, complex, bool)
+
+
 def inplace(ufunc: np.ufunc, target: DistTensor, other: Any) -> DistTensor:
     """``target <op>= other`` (``x += y``, ``p -= lr * g``, ``a @= b``): the result out of
-    place through the op's rule, written back into the target's buffer; returns ``target``."""
+    place through the op's rule, written back into the target's buffer; returns ``target``.
+    ``+=``, ``-=``, ``*=`` and ``/=`` with a tensor of the target's shape or a Python scalar
+    compute the result as the operator does (``w - u``), and a result laid out as the target
+    is copied in directly: a parameter update in a loop."""
     from . import array_ufunc
 
+    op = _OPERATORS.get(ufunc)
+    if (
+        op is not None
+        and not (autograd.is_grad_enabled() and (target.requires_grad or _needs_grad(other)))
+        and (type(other) in _SCALARS or (type(other) is DistTensor and other.shape == target.shape))
+    ):
+        result = (_EW or _ops_ew())[op](target, other)
+        rs, ts = result._spec, target._spec
+        if rs is ts or (  # same layout, shape and dtype: copy it in
+            rs.placements == ts.placements
+            and rs.dtype == ts.dtype
+            and rs.shape == ts.shape
+            and rs.mesh == ts.mesh
+        ):
+            target._local[...] = result._local
+            _written(target)
+        else:  # a cast, another layout: as below
+            write_out(ufunc.__name__, result, target, "same_kind")
+        return target
     name = f"{ufunc.__name__} (in place)"
     check_writable(target, other, name)
     if ufunc is not np.matmul:
@@ -440,6 +468,21 @@ def inplace(ufunc: np.ufunc, target: DistTensor, other: Any) -> DistTensor:
     result = array_ufunc(ufunc, "__call__", (target, other), {})
     write_out(ufunc.__name__, result, target, "same_kind")
     return target
+
+
+def _needs_grad(value: Any) -> bool:
+    return type(value) is DistTensor and value.requires_grad
+
+
+_EW: Any = None  # the operators' ops (tensor._EW), once looked up
+
+
+def _ops_ew() -> Any:
+    global _EW
+    from .. import tensor
+
+    _EW = tensor._EW
+    return _EW
 
 
 def write_out(
