@@ -339,6 +339,17 @@ def case_comm_layer(world: int) -> None:
         assert np.array_equal(
             out, np.concatenate([np.full(c, i, dtype) for i, c in enumerate(counts)])
         )
+        work = w.iallgather(send, out2 := np.empty_like(out), counts)  # non-blocking
+        work.wait()
+        assert work.is_completed() and np.array_equal(out, out2)
+        for bc in ([700] * n, [700 + (i % 2) for i in range(n)]):  # past the envelope: MPI's
+            bsend = np.full(bc[rank], rank, dtype)  # own call, equal and uneven parts
+            outs = [np.empty(sum(bc), dtype) for _ in range(2)]
+            works = [w.iallgather(bsend, o, bc) for o in outs]  # two in flight
+            for work in works:
+                work.wait()
+            want_big = np.concatenate([np.full(c, i, dtype) for i, c in enumerate(bc)])
+            assert all(np.array_equal(o, want_big) for o in outs)
         # reduce-scatter with uneven counts
         full = global_value((n, sum(counts)), dtype, seed=4)
         out = np.empty(counts[rank], dtype)

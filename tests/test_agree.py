@@ -208,6 +208,14 @@ def _kind_ireduce_scatter_or_reduce_scatter(w, rank):
         w.reduce_scatter(send, out, [2, 2], "sum")
 
 
+def _kind_iallgather_or_allgather(w, rank):
+    send, out = np.ones(2), np.empty(4)
+    if rank == 0:
+        w.iallgather(send, out, [2, 2]).wait()
+    else:
+        w.allgather(send, out, [2, 2])
+
+
 def _dtype(w, rank):
     dtype = F32 if rank == 0 else F64
     w.allreduce(np.ones(4, dtype), np.empty(4, dtype), "sum")
@@ -503,6 +511,11 @@ CASES = [
         _kind_ireduce_scatter_or_reduce_scatter,
         _calls("ireduce_scatter float64, (2, 2), sum", "reduce_scatter float64, (2, 2), sum"),
     ),
+    Case(
+        "kind_iallgather_or_allgather",
+        _kind_iallgather_or_allgather,
+        _calls("iall_gather float64, (2, 2)", "all_gather float64, (2, 2)"),
+    ),
     Case("dtype", _dtype, _calls("all_reduce float32, 4, sum", "all_reduce float64, 4, sum")),
     Case("count", _count, _calls("all_reduce float64, 4, sum", "all_reduce float64, 5, sum")),
     Case(
@@ -598,6 +611,7 @@ DATA_CALLS = (
     "iallreduce",
     "ireduce_scatter",
     "allgather",
+    "iallgather",
     "reduce_scatter",
     "alltoall",
     "broadcast",

@@ -190,6 +190,17 @@ class Communicator:
         if not carried:
             self._allgather(send, recv, counts)
 
+    def iallgather(self, send: np.ndarray, recv: np.ndarray, counts: Sequence[int]) -> Work:
+        """Non-blocking ``allgather``: neither buffer may be touched until the returned Work's
+        ``wait()``. Counted as an all_gather; checked as a kind of its own, as ``iallreduce``
+        is."""
+        work = None
+        if agree.CHECK:
+            key = (send.dtype, tuple(counts))
+            work = self._agree_before("iall_gather", key, (send, recv, counts))
+        record("all_gather", send.nbytes)
+        return self._iallgather(send, recv, counts) if work is None else work
+
     def reduce_scatter(
         self, send: np.ndarray, recv: np.ndarray, counts: Sequence[int], op: str = "sum"
     ) -> None:
@@ -282,6 +293,10 @@ class Communicator:
 
     def _ireduce_scatter(self, send, recv, counts, op) -> Work:
         self._reduce_scatter(send, recv, counts, op)
+        return Work()
+
+    def _iallgather(self, send, recv, counts) -> Work:
+        self._allgather(send, recv, counts)
         return Work()
 
     def _allreduce(self, send, recv, op):

@@ -249,6 +249,11 @@ def _unpack_reduce_scatter(c, e, send, recv, counts, op):
     return True
 
 
+def _unpack_iallgather(c, e, send, recv, counts):
+    _unpack_allgather(c, e, send, recv, counts)
+    return Work()  # already complete
+
+
 def _unpack_ireduce_scatter(c, e, send, recv, counts, op):
     _unpack_reduce_scatter(c, e, send, recv, counts, op)
     return Work()  # already complete
@@ -346,6 +351,7 @@ _RIDES = {  # all_reduce rides in MPIComm.allreduce, written out
     "reduce_scatter": (_pack_reduce, _unpack_reduce_scatter),
     "ireduce_scatter": (_pack_reduce, _unpack_ireduce_scatter),
     "all_gather": (_pack_allgather, _unpack_allgather),
+    "iall_gather": (_pack_allgather, _unpack_iallgather),
     "all_to_all": (_pack_alltoall, _unpack_alltoall),
     "broadcast": (_pack_broadcast, _unpack_broadcast),
     "barrier": (_pack_nothing, _unpack_barrier),
@@ -499,6 +505,23 @@ class MPIComm(Communicator):
             return
         b = [c * send.itemsize for c in counts]
         self.comm.Allgatherv(_bytes(send), [_bytes(recv), b, displacements(b), MPI.BYTE])
+
+    @_staged(1)
+    def _iallgather(self, send, recv, counts):
+        MPI = _mpi()
+        if len(set(counts)) == 1:  # as _allgather
+            req = self.comm.Iallgather(_bytes(send), _bytes(recv))
+            held: tuple = (send, recv)
+        else:
+            b = np.asarray([c * send.itemsize for c in counts], np.intc)
+            d = np.asarray(displacements(b.tolist()), np.intc)
+            req = self.comm.Iallgatherv(_bytes(send), [_bytes(recv), b, d, MPI.BYTE])
+            held = (send, recv, b, d)  # the counts too: MPI reads them until completion
+
+        def wait(held=held) -> None:  # the buffers live until the call completes
+            req.Wait()
+
+        return Work(wait, req.Test)
 
     @_staged(2)
     def _alltoall(self, send, send_counts, recv, recv_counts):
@@ -779,6 +802,7 @@ for _name, _what in [
     _watched(_name, _what)
 _watched("_iallreduce", "all_reduce", nonblocking=True)
 _watched("_ireduce_scatter", "reduce_scatter", nonblocking=True)
+_watched("_iallgather", "all_gather", nonblocking=True)
 _watched("_isend", "send", nonblocking=True, peer="to")
 _watched("_irecv", "recv", nonblocking=True, peer="from")
 

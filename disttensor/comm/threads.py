@@ -193,13 +193,18 @@ class ThreadComm(Communicator):
         self._allreduce(send, recv, op, "iall_reduce")
         return Work()
 
-    def _allgather(self, send, recv, counts):
+    def _allgather(self, send, recv, counts, what="all_gather"):
         def compute(items):
             flat = recv.reshape(-1)
             for d, c, a in zip(displacements(counts), counts, items):
                 flat[d : d + c] = a.reshape(-1)
 
-        self._x(send, "all_gather", compute)
+        self._x(send, what, compute)
+
+    def _iallgather(self, send, recv, counts):
+        # done at once, but met as a kind of its own (as _iallreduce)
+        self._allgather(send, recv, counts, "iall_gather")
+        return Work()
 
     def _reduce_scatter(self, send, recv, counts, op, what="reduce_scatter"):
         d = displacements(counts)[self.rank]
