@@ -112,6 +112,32 @@ def case_iallreduce_in_flight(cp, host, dev) -> int:
     return 4
 
 
+def case_iallgather_in_flight(cp, host, dev) -> int:
+    """Non-blocking all-gathers (stage 3's groups gathered ahead): equal parts on the side
+    stream, two in flight with a blocking collective between, and uneven parts at once."""
+    n = host.size
+    checks = 0
+    for counts in ([3] * n, [2 + (r % 2) for r in range(n)]):
+        hs = [values(np.float32, counts[host.rank], host.rank, salt=i) for i in range(2)]
+        outs = [cp.empty(sum(counts), np.float32) for _ in hs]
+        works = [dev.iallgather(cp.asarray(h), o, counts) for h, o in zip(hs, outs)]
+        works[0].test()
+        between = cp.asarray(values(np.float64, 4, host.rank, salt=7))
+        dev.allreduce(between, between, "sum")
+        for w in works:
+            w.wait()
+        for i, (h, o) in enumerate(zip(hs, outs)):
+            want = np.empty(sum(counts), np.float32)
+            host.allgather(h, want, counts)
+            same(o.get(), want, f"non-blocking all_gather {i} of 2, counts {counts}")
+            checks += 1
+        want = values(np.float64, 4, host.rank, salt=7)
+        host.allreduce(want.copy(), want, "sum")
+        same(between.get(), want, "blocking all_reduce between non-blocking all-gathers")
+        checks += 1
+    return checks
+
+
 def case_allgather(cp, host, dev) -> int:
     checks = 0
     for dtype in MOVE_DTYPES:
@@ -215,6 +241,7 @@ def case_send_recv(cp, host, dev) -> int:
 CASES = [
     case_allreduce,
     case_iallreduce_in_flight,
+    case_iallgather_in_flight,
     case_allgather,
     case_reduce_scatter,
     case_alltoall,

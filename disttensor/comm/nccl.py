@@ -369,6 +369,36 @@ class NCCLComm(Communicator):
 
         return Work(wait, lambda: bool(done.done))
 
+    def _iallgather(self, send, recv, counts):
+        """Equal parts: NCCL's all-gather on the side stream, as ``_iallreduce`` (stage 3's
+        groups gathered ahead, Note [Groups gathered ahead] in parallel/sharding.py); uneven
+        parts: at once, on the compute stream."""
+        if not self._device(send, recv):
+            return self.mpi._iallgather(send, recv, counts)
+        nbytes = [c * send.itemsize for c in counts]
+        if len(set(nbytes)) != 1 or nbytes[0] == 0:
+            self._allgather(send, recv, counts)
+            return Work()
+        cuda = self.cp.cuda
+        self._issue_queue()
+        compute = cuda.get_current_stream()
+        if self._side is None:
+            self._side = cuda.Stream(non_blocking=True)
+        side = self._side
+        ready = cuda.Event(disable_timing=True)
+        ready.record(compute)
+        side.wait_event(ready)  # the send buffer is written
+        self._on(side, compute)
+        sb, rb = _flat(send, _BYTE), _flat(recv, _BYTE)
+        self._call("allGather", sb.data.ptr, rb.data.ptr, nbytes[0], self._type(_BYTE), side)
+        done = cuda.Event(disable_timing=True)
+        done.record(side)
+
+        def wait(held=(send, recv)) -> None:  # the buffers live until the call completes
+            cuda.get_current_stream().wait_event(done)
+
+        return Work(wait, lambda: bool(done.done))
+
     def _reduce(self, send: Any, recv: Any, p: Plan, stream: Any) -> list:
         """All-reduce on ``stream`` as ``p`` says; returns the scratch arrays it queued work on
         (kept by a non-blocking caller until the wait)."""

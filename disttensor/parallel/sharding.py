@@ -34,8 +34,10 @@ Note [Sharding stages]
       called inside a running group gather nothing. After the group's forward they are
       slices again (each slice was kept while its parameter was whole); a hook on the
       group's outputs gathers them once more when backward reaches it, and each goes back
-      to its slice when its own gradient is final. Without it, the outermost module's call
-      gathers the model, whole until the step. Either way backward's gradients come back
+      to its slice when its own gradient is final. From the second forward on, the next
+      group's all-gathers are started ahead, non-blocking, while the current group runs
+      (Note [Groups gathered ahead]). Without it, the outermost module's call gathers the
+      model, whole until the step. Either way backward's gradients come back
       Partial over ``dim`` for the reduce-scatter of stage 2, and the step updates the
       slices (their memory kept from step to step). An op that gets a parameter while it is
       a slice (used outside any module call, or by a gradient function that runs before
@@ -257,6 +259,14 @@ class ShardedOptimizer:
         self._removers: list = []
         self._gathers: dict[int, int] = {}  # id(parameter) -> its whole bytes on this rank
         self._running: dict[int, Any] = {}  # the parameters of the groups in forward now
+        # Note [Groups gathered ahead]: the order the forward gathered its groups in, the
+        # group gathered last in this forward, and the all-gathers started ahead
+        self._next: dict[tuple, tuple] = {}  # group key -> the group gathered after it
+        self._prev: dict[tuple, tuple] = {}  # group key -> the group gathered before it
+        self._groups: dict[tuple, list] = {}  # group key -> its parameters
+        self._last: tuple | None = None
+        self._ahead: dict[tuple, list] = {}  # group key -> its all-gathers in flight
+        self._taken = 0  # groups made whole by all-gathers started ahead (a statistic)
         names = optimizer.state_names
         with autograd.no_grad():
             for p in params:
@@ -394,6 +404,7 @@ class ShardedOptimizer:
         opt = self.optimizer
         self._release()  # a DataParallel made after shard_optimizer
         self._running.clear()  # a forward that raised left its group marked
+        self._drain()  # gathers started ahead read the slices the step changes
         lr = opt._begin_step()
         with autograd.no_grad():
             if self.stage == 1:  # the gradients reduced whole, as unsharded
@@ -624,6 +635,8 @@ class ShardedOptimizer:
             self._unshard(params)
             return None
         split = [p for p in params if id(p) in self._gathers]
+        if not self._running and len(split) == len(self._gathers):
+            self._last = None  # the outermost module: a new forward pass
         if all(id(p) in self._running for p in split):
             return None  # inside a group's forward: its module gathered these
         if sum(self._gathers[id(p)] for p in split) > self._cap:
@@ -632,9 +645,103 @@ class ShardedOptimizer:
         group = [p for p in split if id(p) not in self._running]
         if not group:
             return None
-        self._unshard(group)
+        key = tuple(id(p) for p in group)
+        self._groups[key] = group
+        self._gather_group(key, group)
+        if self._last is not None and self._last != key:  # Note [Groups gathered ahead]
+            self._next[self._last] = key
+            self._prev[key] = self._last
+        self._last = key
+        self._gather_ahead(self._next.get(key))
         self._running.update((id(p), p) for p in group)
         return functools.partial(self._after_forward, group)
+
+    # Note [Groups gathered ahead]
+    #     With reshard_after_forward, stage 3 gathers each group just before its forward and
+    #     again before its backward. From the second forward on, the next group's all-gather
+    #     is started ahead, non-blocking (Communicator.iallgather), as soon as the current
+    #     group is whole, so it can run while the current group computes: in forward the group
+    #     the last forward gathered next (``_next``), in backward the one it gathered before
+    #     (``_prev``). The order is learned as the forward runs (a new pass starts at the
+    #     outermost module, whose call hands over every split parameter), so a model whose
+    #     order changes only loses the prediction. A group's gather takes its all-gathers in
+    #     flight (``_take``), if every member is still the slice it was at the start and
+    #     unwritten; otherwise, and for anything still in flight at the step, the data is
+    #     dropped after its wait (every rank decides alike: the order and the writes are the
+    #     program's). A rank holds whole at most one group more than without this: the one
+    #     gathered ahead. Each all-gather is counted once, when it starts.
+    def _gather_group(self, key: tuple, params: list[DistTensor]) -> None:
+        """Stage 3, per module: ``params`` (group ``key``) made whole, from the all-gathers
+        started ahead where there are some, else now."""
+        if not self._take(key):
+            self._unshard(params)
+
+    def _gather_ahead(self, key: tuple | None) -> None:
+        """Start the all-gathers of group ``key`` (Note [Groups gathered ahead]), if it is
+        known and all its members are slices now."""
+        if key is None or key in self._ahead:
+            return
+        params = self._groups.get(key)
+        if params is None:
+            return
+        todo = []
+        for p in params:
+            s = self.slices.get(id(p))
+            if s is None or s.d is None or p._spec != s.part:
+                return  # a member whole already, or not ours: gathered as it is needed
+            todo.append((s, p.to_local()))
+        flights = []
+        for bucket in self._buckets(todo):
+            lay = self._layout(bucket)
+            first, me = bucket[0][1], bucket[0][0].me
+            xp = backend.xp(first)
+            mine = xp.empty(lay.counts[me], first.dtype)
+            flat = xp.empty(lay.size, first.dtype)
+            for (sl, w), offs in zip(bucket, lay.offsets):
+                at = offs[me] - lay.base
+                mine[at : at + sl.sizes[me]].reshape(w.shape)[...] = w
+            label = ("all-gather ahead", len(bucket), first.dtype, self.mesh, self.dim)
+            with doing(_label, *label):
+                work = bucket[0][0].group.iallgather(mine, flat, lay.counts)
+            stamps = [autograd.version(w) for _, w in bucket]
+            flights.append((bucket, stamps, flat, mine, work))
+        self._ahead[key] = flights
+
+    def _take(self, key: tuple) -> bool:
+        """Finish the all-gathers started ahead for group ``key``: whether they made its
+        members whole (each member still the unwritten slice it was at the start)."""
+        flights = self._ahead.pop(key, None)
+        if flights is None:
+            return False
+        ok = True
+        for bucket, stamps, _, _, work in flights:
+            work.wait()
+            for (sl, w), stamp in zip(bucket, stamps):
+                p = sl.param
+                if p._local is not w or p._spec != sl.part or autograd.version(w) != stamp:
+                    ok = False
+        if not ok:  # dropped: gathered now instead (every rank alike)
+            return False
+        for bucket, _, flat, _, _ in flights:
+            lay = self._layout(bucket)
+            xp = backend.xp(flat)
+            wholes = [xp.empty(sl.shape, w.dtype) for sl, w in bucket]
+            self._unpack(bucket, lay, flat, wholes)
+            for (sl, w), whole in zip(bucket, wholes):
+                p = sl.param
+                self._slice_of[id(p)] = w
+                p._local, p._spec, p._moved = whole, sl.whole, None
+        self._taken += 1
+        return True
+
+    def _drain(self) -> None:
+        """Wait for every all-gather started ahead and drop what it gathered (the step is
+        about to change the slices)."""
+        for flights in self._ahead.values():
+            for *_, work in flights:
+                work.wait()
+        self._ahead.clear()
+        self._last = None
 
     def _after_forward(self, params: list[DistTensor], out: Any) -> None:
         """Stage 3, per module: after its forward, its parameters become slices again; the
@@ -654,6 +761,14 @@ class ShardedOptimizer:
                 for t in outs:
                     t.register_hook(regather)
         self._reshard(params)
+
+    def _regather(self, params: list[DistTensor]) -> None:
+        """Stage 3, per module: the group's parameters whole again for its backward (the
+        hook on its outputs), and the group before it in forward gathered ahead (Note
+        [Groups gathered ahead])."""
+        key = tuple(id(p) for p in params)
+        self._gather_group(key, params)
+        self._gather_ahead(self._prev.get(key))
 
     def _after_backward(self, p: DistTensor) -> None:
         """Stage 3, per module: ``p``'s gradient is final in this backward: back to its slice."""
@@ -708,6 +823,13 @@ class ShardedOptimizer:
             mine[at : at + s.sizes[me]].reshape(w.shape)[...] = w
         with doing(_label, "all-gather", len(bucket), first.dtype, self.mesh, self.dim):
             bucket[0][0].group.allgather(mine, flat, lay.counts)
+        self._unpack(bucket, lay, flat, wholes, in_place)
+
+    @staticmethod
+    def _unpack(bucket: list, lay: _Layout, flat: Any, wholes: list, in_place: list | None = None):
+        """Every rank's slices in the gathered ``flat`` into the whole local arrays
+        ``wholes`` (``in_place[i]``: member i's own slice is already there)."""
+        me = bucket[0][0].me
         for i, ((s, _), whole, offs) in enumerate(zip(bucket, wholes, lay.offsets)):
             for r, at in enumerate(offs):
                 if r == me and in_place is not None and in_place[i]:
@@ -747,7 +869,7 @@ class _Regather:
     def __call__(self, g: Any) -> None:
         opt = self.opt()
         if opt is not None:
-            opt._unshard(self.params)
+            opt._regather(self.params)
 
 
 @dataclass
