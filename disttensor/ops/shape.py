@@ -34,6 +34,7 @@ from ..spmd.shape_rules import (
     canonical_key,
     expand_dims_shape,
     index_layout,
+    plain_key,
     reshape_shape,
     squeeze_shape,
     within,
@@ -343,28 +344,52 @@ def getitem(x, key):
     fallback."""
     if not isinstance(x, DistTensor):
         return np.asarray(x)[key]
-    if not all(_basic(k) for k in (key if isinstance(key, tuple) else (key,))):
-        out = indexing.gather_by_index(x, key)  # Note [Gathers by index]
-        if out is not None:
-            return out
-        reason = "integer-array or boolean key: the tensor gathered"
-        key = indexing.host_key("x[key]", x, key)  # device arrays in it: host metadata
-        return fallback(
-            "getitem[advanced]", operator.getitem, (x, key), {}, reason,
-            on_device=indexing.device_getitem,
-        )  # fmt: skip
-    ckey = canonical_key(x.shape, key)
-    out = _sliced_split(x, ckey) if x._spec.has_shard() else None
+    spec = x._spec
+    plain = plain_key(key)
+    if plain is not None:  # Note [Getitem routes kept on the spec]
+        route = spec.kept("_routes", plain, lambda: _route(spec, key), _ROUTES_PER_SPEC)
+    else:
+        if not all(_basic(k) for k in (key if isinstance(key, tuple) else (key,))):
+            out = indexing.gather_by_index(x, key)  # Note [Gathers by index]
+            if out is not None:
+                return out
+            reason = "integer-array or boolean key: the tensor gathered"
+            key = indexing.host_key("x[key]", x, key)  # device arrays in it: host metadata
+            return fallback(
+                "getitem[advanced]", operator.getitem, (x, key), {}, reason,
+                on_device=indexing.device_getitem,
+            )  # fmt: skip
+        route = _route(spec, key)
+    ckey = route[0]
+    out = _sliced_split(x, ckey) if route[1] else None
     if out is not None:  # rows moved between ranks: a copy (Note [Copies where numpy has views])
         mutation.remember_copy(out, x, ckey)
         return out
     out = OPS["getitem"](x, key=ckey)
-    if _picked(out._spec):  # Note [Picks read from their root] in tensor.py
+    ospec = out._spec
+    if _picked(ospec):  # Note [Picks read from their root] in tensor.py
         index = tuple(k if k is None or isinstance(k, int) else _as_slice(k) for k in ckey)
         derive(out, x, (*index, Ellipsis))  # the Ellipsis: a 0-d array, not a scalar
-    if not mutation.is_view_of(out._spec, x._spec):
+    view = route[2]
+    if view is None or view[0] is not ospec:
+        view = route[2] = (ospec, mutation.is_view_of(ospec, spec))
+    if not view[1]:
         mutation.remember_copy(out, x, ckey)
     return out
+
+
+# Note [Getitem routes kept on the spec]
+#     ``u[2:, 1:-1]`` every step: a key of Python ints, slices, None and Ellipsis (its
+#     ``plain_key``) finds on the tensor's spec what getitem works out from the spec and the
+#     key alone: the canonical key, whether a split axis may take the sliced-split path, and
+#     (the last output spec, whether such an output is a view of the input). The advanced
+#     and unhashable keys decide each time.
+_ROUTES_PER_SPEC = 64
+
+
+def _route(spec: DistSpec, key: Any) -> list:
+    """[canonical key, whether the spec splits an axis, (output spec, is a view) or None]."""
+    return [canonical_key(spec.shape, key), spec.has_shard(), None]
 
 
 def _picked(spec: DistSpec) -> bool:

@@ -169,24 +169,10 @@ def canonical_key(shape: Sequence[int], key: Any) -> tuple[int | range | None, .
     (range(0, 4), range(4, -1, -2), None)
     """
     key = key if isinstance(key, tuple) else (key,)
-    # slices are not hashable before Python 3.12: each as its fields (a basic key holds no
-    # tuples, so the form is unambiguous). Only keys of Python ints, slices of them, None and
-    # Ellipsis are kept: 1.0 == 1 and True == 1 as dict keys, but not as indices
-    memo: Any = [tuple(shape)]
-    for k in key:
-        t = type(k)
-        if t is slice:
-            k = (k.start, k.stop, k.step)
-            if not all(type(f) in _FIELDS for f in k):
-                memo = None
-                break
-        elif t not in _PLAIN:
-            memo = None
-            break
-        memo.append(k)
+    plain = plain_key(key)
+    memo = None if plain is None else (tuple(shape), *plain)
     hit = None
     if memo is not None:
-        memo = tuple(memo)
         hit = _CANONICAL.get(memo)
     if hit is None:
         hit = _canonical(shape, key)
@@ -195,6 +181,25 @@ def canonical_key(shape: Sequence[int], key: Any) -> tuple[int | range | None, .
                 _CANONICAL.clear()
             _CANONICAL[memo] = hit
     return hit
+
+
+def plain_key(key: Any) -> tuple | None:
+    """A basic-indexing key as a hashable tuple, where it holds only Python ints, slices of
+    them, None, Ellipsis and ranges (else None): slices are not hashable before Python 3.12,
+    so each is its fields (a basic key holds no tuples, so the form is unambiguous); 1.0 == 1
+    and True == 1 as dict keys, but not as indices, so those are not plain."""
+    key = key if isinstance(key, tuple) else (key,)
+    out = []
+    for k in key:
+        t = type(k)
+        if t is slice:
+            k = (k.start, k.stop, k.step)
+            if not (type(k[0]) in _FIELDS and type(k[1]) in _FIELDS and type(k[2]) in _FIELDS):
+                return None
+        elif t not in _PLAIN:
+            return None
+        out.append(k)
+    return tuple(out)
 
 
 _CANONICAL: dict[tuple, tuple] = {}
