@@ -66,7 +66,7 @@ from .. import autograd, backend, comm
 from .. import reshard as _reshard
 from ..accounting import outside_rules
 from ..placement import Partial, Replicate
-from ..spmd.shape_rules import broadcast_shapes, canonical_key, index_layout, within
+from ..spmd.shape_rules import broadcast_shapes, canonical_key, index_layout, plain_key, within
 from ..tensor import DistTensor, reshard
 from . import indexing
 
@@ -184,7 +184,7 @@ def setitem(target: DistTensor, key: Any, value: Any) -> None:
     Collective over the target's mesh (and the value's). Note [Writes keep the layout]."""
     check_writable(target, value, "x[key] = value")
     parts = key if isinstance(key, tuple) else (key,)
-    if all(_basic(k) for k in parts):
+    if plain_key(parts) is not None or all(_basic(k) for k in parts):
         ckey = canonical_key(target.shape, key)
         hit = _copy_of(value)
         if hit is not None and hit[0] is target and hit[1] == ckey:
@@ -285,6 +285,8 @@ def _as_region(value: DistTensor, vshape: tuple[int, ...], region: tuple[int, ..
     """A DistTensor value with numpy's extra leading 1s dropped and broadcast to the region."""
     from . import shape as sh
 
+    if value.shape == region:  # the common case: nothing to reshape or broadcast
+        return value
     with autograd.no_grad():
         if value.shape != vshape:
             value = sh.reshape(value, vshape)
