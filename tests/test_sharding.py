@@ -146,6 +146,15 @@ def test_memory_report_traces_the_step_peak():
         dt.memory_report([1], step=3)
 
 
+def _three_layers(mesh):
+    """Linear(6, 10), Tanh, Linear(10, 10), Tanh, Linear(10, 4), float64, seeded: each layer's
+    weight and bias fit in 1000 bytes, the model does not."""
+    dt.manual_seed(3)
+    pairs = itertools.pairwise((6, 10, 10, 4))
+    layers = [dt.nn.Linear(a, b, mesh=mesh, dtype=np.float64) for a, b in pairs]
+    return dt.nn.Sequential(layers[0], dt.nn.Tanh(), layers[1], dt.nn.Tanh(), layers[2])
+
+
 @pytest.mark.parametrize("after", [True, False])
 def test_stage3_gathers_a_group_for_its_forward_and_backward(after):
     """ShardingStage3(reshard_after_forward=True): with buckets smaller than the model, each
@@ -153,13 +162,7 @@ def test_stage3_gathers_a_group_for_its_forward_and_backward(after):
     its forward or backward runs, then a slice again; one all-gather per layer for forward,
     one for backward; the values are one process's. False: the model is gathered at the
     outermost call and stays whole until the step."""
-    sizes = (6, 10, 10, 4)
-
-    def make(mesh):
-        dt.manual_seed(3)
-        pairs = itertools.pairwise(sizes)
-        layers = [dt.nn.Linear(a, b, mesh=mesh, dtype=np.float64) for a, b in pairs]
-        return dt.nn.Sequential(layers[0], dt.nn.Tanh(), layers[1], dt.nn.Tanh(), layers[2])
+    make = _three_layers
 
     def whole(model):
         return [p.placements[0] == dt.Replicate() for p in model.parameters()]
@@ -227,13 +230,7 @@ def test_stage3_gathers_the_next_group_ahead(world):
     ahead and are taken; the collectives per step are the same as without (one all-gather
     per layer for forward, one for backward); the values are one process's after 4 steps,
     with Adam, uneven slices on 3 ranks, and a layer called twice in one forward."""
-    sizes = (6, 10, 10, 4)
-
-    def make(mesh):
-        dt.manual_seed(3)
-        pairs = itertools.pairwise(sizes)
-        layers = [dt.nn.Linear(a, b, mesh=mesh, dtype=np.float64) for a, b in pairs]
-        return dt.nn.Sequential(layers[0], dt.nn.Tanh(), layers[1], dt.nn.Tanh(), layers[2])
+    make = _three_layers
 
     def batch(step, mesh, placements):
         x = np.random.default_rng(step).normal(size=(12, 6))

@@ -349,15 +349,7 @@ class NCCLComm(Communicator):
             self._staged(send, recv, op)
             return Work()
         cuda = self.cp.cuda
-        self._issue_queue()
-        compute = cuda.get_current_stream()
-        if self._side is None:
-            self._side = cuda.Stream(non_blocking=True)
-        side = self._side
-        ready = cuda.Event(disable_timing=True)
-        ready.record(compute)
-        side.wait_event(ready)  # the gradients are written
-        self._on(side, compute)
+        side = self._side_stream()
         with side:  # scratch allocated on the side stream (Note [NCCL streams])
             scratch = self._reduce(send, recv, p, side)
             done = cuda.Event(disable_timing=True)
@@ -380,15 +372,7 @@ class NCCLComm(Communicator):
             self._allgather(send, recv, counts)
             return Work()
         cuda = self.cp.cuda
-        self._issue_queue()
-        compute = cuda.get_current_stream()
-        if self._side is None:
-            self._side = cuda.Stream(non_blocking=True)
-        side = self._side
-        ready = cuda.Event(disable_timing=True)
-        ready.record(compute)
-        side.wait_event(ready)  # the send buffer is written
-        self._on(side, compute)
+        side = self._side_stream()
         sb, rb = _flat(send, _BYTE), _flat(recv, _BYTE)
         self._call("allGather", sb.data.ptr, rb.data.ptr, nbytes[0], self._type(_BYTE), side)
         done = cuda.Event(disable_timing=True)
@@ -398,6 +382,22 @@ class NCCLComm(Communicator):
             cuda.get_current_stream().wait_event(done)
 
         return Work(wait, lambda: bool(done.done))
+
+    def _side_stream(self) -> Any:
+        """The side stream of the non-blocking calls, ordered after the compute stream's
+        work so far (which wrote the send buffer) and this communicator's previous call (Note
+        [NCCL streams])."""
+        cuda = self.cp.cuda
+        self._issue_queue()
+        compute = cuda.get_current_stream()
+        if self._side is None:
+            self._side = cuda.Stream(non_blocking=True)
+        side = self._side
+        ready = cuda.Event(disable_timing=True)
+        ready.record(compute)
+        side.wait_event(ready)
+        self._on(side, compute)
+        return side
 
     def _reduce(self, send: Any, recv: Any, p: Plan, stream: Any) -> list:
         """All-reduce on ``stream`` as ``p`` says; returns the scratch arrays it queued work on
