@@ -281,3 +281,62 @@ def test_stage3_gathers_the_next_group_ahead(world):
         # the first forward learns the order, which its backward uses (2 of 3 layers); then
         # 2 of 3 forward and 2 of 3 backward
         assert taken[:3] == [2, 4, 4], taken
+
+
+class _PerParameterSGD(dt.optim.SGD):
+    """SGD with an ``update`` of its own: the sharded optimizer keeps it per parameter."""
+
+    def update(self, p, w, g, lr):
+        w -= lr * g
+
+
+@pytest.mark.parametrize("stage", [dt.ShardingStage1, dt.ShardingStage2])
+def test_stages_1_and_2_update_each_bucket_in_one_call(stage):
+    """Note [Slices updated end to end]: Adam's apply runs once per bucket per step (the model
+    is one bucket), its state tensors are views of one array per state name, a state loaded
+    from a state_dict (new arrays) is taken in, and the values are one process's after 3
+    steps; an optimizer with an update of its own is still called per parameter."""
+
+    def body(n, per_param):
+        mesh = dt.init_mesh((n,), dim_names=["dp"])
+        model = _three_layers(mesh)
+        params = list(model.parameters())
+        inner = _PerParameterSGD(params, lr=0.1) if per_param else dt.optim.Adam(params, lr=0.1)
+        calls = {"apply": 0, "update": 0}
+        for name in calls:
+            method = getattr(inner, name)
+
+            def counted(*a, method=method, name=name):
+                calls[name] += 1
+                return method(*a)
+
+            setattr(inner, name, counted)
+        opt = dt.shard_optimizer(inner, stage("dp")) if n > 1 else inner
+        for step in range(3):
+            x = np.random.default_rng(step).normal(size=(12, 6))
+            x = dt.shard_tensor(x, mesh, [dt.Shard(0)] if n > 1 else [dt.Replicate()])
+            (model(x) ** 2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+            if step == 1 and n > 1 and not per_param:  # a round trip through a state_dict
+                state = opt.state_dict()
+                fresh = {k: {m: t.copy() if hasattr(t, "copy") else t for m, t in v.items()}
+                         for k, v in state["state"].items()}  # fmt: skip
+                opt.load_state_dict({**state, "state": fresh})
+        bases = set()
+        if not per_param:
+            for p in params:
+                for t in inner.state[id(p)].values():
+                    bases.add(id(t.to_local().base))
+        return [p.numpy() for p in params], dict(calls), len(bases)
+
+    for per_param in (False, True):
+        want, _, _ = dt.simulate(1, body, 1, per_param)[0]
+        for got, calls, bases in dt.simulate(2, body, 2, per_param):
+            for g, w in zip(got, want):
+                np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-14)
+            if per_param:
+                assert calls["update"] == 3 * 6, calls  # 6 parameters, 3 steps
+            else:
+                assert calls["apply"] == 3, calls  # one bucket, 3 steps
+                assert bases == 2, bases  # exp_avg and exp_avg_sq: one array each

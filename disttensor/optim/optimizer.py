@@ -148,7 +148,15 @@ class Optimizer:
             agree_on_mesh(mesh, "optimizer step", (f"gradients {''.join(has)}",))
 
     def update(self, p: DistTensor, w: np.ndarray, g: np.ndarray, lr: float) -> None:
-        """Update the local shard ``w`` in place from the local gradient ``g``."""
+        """Update the local shard ``w`` of ``p`` in place from the local gradient ``g``:
+        ``apply`` with ``p``'s state. A subclass overrides ``apply`` (or ``update`` itself,
+        for an update that is not elementwise)."""
+        self.apply(w, g, self._state(p, *self.state_names) if self.state_names else [], lr)
+
+    def apply(self, w: np.ndarray, g: np.ndarray, state: list, lr: float) -> None:
+        """The update on local arrays: ``w`` in place from ``g``, ``state`` the local arrays
+        of ``state_names`` in that order, updated in place. Elementwise: a sharded optimizer
+        (dt.shard_optimizer) runs it once on a bucket's slices laid end to end."""
         raise NotImplementedError
 
     def state_dict(self) -> dict[str, Any]:
@@ -255,7 +263,7 @@ class SGD(Optimizer):
         super().__init__(params, lr)
         self.weight_decay = weight_decay
 
-    def update(self, p, w, g, lr):
+    def apply(self, w, g, state, lr):
         if self.weight_decay:
             g = g + self.weight_decay * w
         w -= lr * g
@@ -277,10 +285,10 @@ class Momentum(Optimizer):
         super().__init__(params, lr)
         self.momentum, self.weight_decay, self.nesterov = momentum, weight_decay, nesterov
 
-    def update(self, p, w, g, lr):
+    def apply(self, w, g, state, lr):
         if self.weight_decay:
             g = g + self.weight_decay * w
-        (v,) = self._state(p, "velocity")
+        (v,) = state
         v *= self.momentum
         v += g
         w -= lr * (g + self.momentum * v if self.nesterov else v)
@@ -307,8 +315,8 @@ class Adam(Optimizer):
         self.eps = eps
         self.weight_decay = self.default_weight_decay if weight_decay is None else weight_decay
 
-    def update(self, p, w, g, lr):
-        m, v = self._state(p, "exp_avg", "exp_avg_sq")
+    def apply(self, w, g, state, lr):
+        m, v = state
         if w.dtype.kind == "f":  # the fused kernel (real floats)
             be = backend.of(w)
             if be.device and not g.flags.c_contiguous:  # the CUDA kernel indexes flat
