@@ -418,7 +418,7 @@ class ShardedOptimizer:
             grads = self._grad_slices()
             updated, laid = [], []
             # Note [Slices updated end to end]: an optimizer whose update is its apply
-            flat = self.stage < 3 and self._end_to_end
+            flat = self._end_to_end
             for p in opt.params:
                 if p.grad is None:
                     continue
@@ -434,7 +434,7 @@ class ShardedOptimizer:
                     opt.update(p, w, _as(grads[id(p)], w.dtype), lr)
                     autograd.note_mutation(w)
                     continue
-                if self.stage == 3:  # updated as the slice, which the parameter becomes
+                if self.stage == 3 and not flat:  # updated as the slice, which it becomes
                     # made whole by a forward: its slice, in memory of its own
                     local = p.to_local()
                     w = local if p._spec == s.part else self._own_slice(s, local)
@@ -466,13 +466,13 @@ class ShardedOptimizer:
     #     the whole parameters. An optimizer whose ``update`` is its own (not elementwise)
     #     keeps the update per parameter.
     def _update_end_to_end(self, bucket: list[tuple[_Slice, Any]], grads: dict, lr: float):
-        """Stages 1 and 2: one bucket's update (Note [Slices updated end to end]) and its
-        all-gather."""
+        """One bucket's update (Note [Slices updated end to end]); stages 1 and 2 then
+        all-gather it, stage 3's parameters are the updated slices."""
         opt = self.optimizer
         lay = self._layout(bucket)
         first, me = bucket[0][1], bucket[0][0].me
         n = lay.counts[me]
-        w = self._scratch("mine", n, first)
+        three = self.stage == 3
         if self._lent:  # a reduce-scatter in flight sends from the scratch buffer
             flat = backend.xp(first).empty(lay.size, first.dtype)
         else:
@@ -483,15 +483,28 @@ class ShardedOptimizer:
         ends = self._ends.get(key)  # (per state name its array, per member its views)
         if ends is None:
             xp = backend.xp(first)
-            ends = ({name: xp.zeros(n, first.dtype) for name in names}, [{} for _ in bucket])
+            arrays = {name: xp.zeros(n, first.dtype) for name in names}
+            if three:  # the slices the parameters are between steps
+                arrays[_PARAMS] = xp.empty(n, first.dtype)
+            ends = (arrays, [{} for _ in bucket])
             if len(self._ends) >= 64:  # buckets that change from step to step
                 self._ends.clear()
             self._ends[key] = ends
         arrays, views = ends
+        w = arrays[_PARAMS] if three else self._scratch("mine", n, first)
         for (sl, local), offs, held in zip(bucket, lay.offsets, views):
             at = offs[me] - lay.base
-            mine = sl.take(local, me)
-            w[at : at + sl.sizes[me]].reshape(mine.shape)[...] = mine
+            if three:
+                if local is not held.get(_PARAMS):  # a slice of its own, or whole: taken in
+                    mine = local if sl.param._spec == sl.part else sl.take(local, me)
+                    view = w[at : at + sl.sizes[me]].reshape(mine.shape)
+                    view[...] = mine
+                    self._to_slice(sl, view)
+                    held[_PARAMS] = view
+                mine = held[_PARAMS]
+            else:
+                mine = sl.take(local, me)
+                w[at : at + sl.sizes[me]].reshape(mine.shape)[...] = mine
             g[at : at + sl.sizes[me]].reshape(mine.shape)[...] = grads[id(sl.param)]
             if not names:
                 continue
@@ -508,6 +521,9 @@ class ShardedOptimizer:
                     view[...] = t._local
                     t._local = held[name] = view
         opt.apply(w, g, [arrays[name] for name in names], lr)
+        if three:
+            autograd.note_mutation(w)  # the slices' memory: every view of it
+            return
         for _, local in bucket:
             autograd.note_mutation(local)
         wholes = [local for _, local in bucket]
@@ -927,6 +943,9 @@ class ShardedOptimizer:
         if w is None:
             w = s.take(p.to_local(), s.me).copy()
         p._local, p._spec, p._moved = w, s.part, None
+
+
+_PARAMS = object()  # the key of stage 3's slices in ShardedOptimizer._ends, beside the state names
 
 
 class _Regather:
