@@ -46,6 +46,11 @@ class Optimizer:
     gradient (Note [Optimizer placements]); ``zero_grad()`` drops the gradients.
     ``reductions`` says how the last step reduced Partial gradients together:
     ``{"gradients": n, "all_reduces": k}`` (Note [Gradients reduced at the step]).
+
+    A new optimizer names its per-parameter state in ``state_names`` and defines
+    ``apply(w, g, state, lr)``: the update of the local arrays, in place, elementwise (a
+    sharded optimizer runs it once on a bucket's slices laid end to end). An update that is not
+    elementwise overrides ``update(p, w, g, lr)`` instead, and is then called per parameter.
     """
 
     state_names: tuple[str, ...] = ()  # the state kept per parameter (load_state_dict checks)
