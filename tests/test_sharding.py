@@ -283,6 +283,15 @@ def test_stage3_gathers_the_next_group_ahead(world):
         assert taken[:3] == [2, 4, 4], taken
 
 
+def _one_step(model, opt, mesh, step):
+    """One training step of ``_three_layers`` on batch ``step`` (split by rows over ``mesh``)."""
+    x = np.random.default_rng(step).normal(size=(12, 6))
+    x = dt.shard_tensor(x, mesh, [dt.Shard(0)] if mesh.size > 1 else [dt.Replicate()])
+    (model(x) ** 2).mean().backward()
+    opt.step()
+    opt.zero_grad()
+
+
 class _PerParameterSGD(dt.optim.SGD):
     """SGD with an ``update`` of its own: the sharded optimizer keeps it per parameter."""
 
@@ -313,11 +322,7 @@ def test_stages_1_and_2_update_each_bucket_in_one_call(stage):
             setattr(inner, name, counted)
         opt = dt.shard_optimizer(inner, stage("dp")) if n > 1 else inner
         for step in range(3):
-            x = np.random.default_rng(step).normal(size=(12, 6))
-            x = dt.shard_tensor(x, mesh, [dt.Shard(0)] if n > 1 else [dt.Replicate()])
-            (model(x) ** 2).mean().backward()
-            opt.step()
-            opt.zero_grad()
+            _one_step(model, opt, mesh, step)
             if step == 1 and n > 1 and not per_param:  # a round trip through a state_dict
                 state = opt.state_dict()
                 fresh = {k: {m: t.copy() if hasattr(t, "copy") else t for m, t in v.items()}
@@ -366,11 +371,7 @@ def test_a_new_optimizer_with_apply_runs_unsharded_and_sharded():
         if stage is not None:
             opt = dt.shard_optimizer(opt, stage("dp"))
         for step in range(3):
-            x = np.random.default_rng(step).normal(size=(12, 6))
-            x = dt.shard_tensor(x, mesh, [dt.Shard(0)] if n > 1 else [dt.Replicate()])
-            (model(x) ** 2).mean().backward()
-            opt.step()
-            opt.zero_grad()
+            _one_step(model, opt, mesh, step)
         names = {tuple(v) for v in opt.state_dict()["state"].values()}
         return [p.numpy() for p in model.parameters()], names
 
