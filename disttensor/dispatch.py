@@ -135,13 +135,12 @@ class Op:
 # loudly), wrap, record.
 # A plan that moves inputs, each in one step (``movable``: the Partial divisor of ``rs / d``
 # reduced, the vector of ``A @ p`` gathered), with one output, takes the same path when no
-# gradient is to be recorded: ``moving`` holds each moving argument's position, target spec
-# and planned move (made once: the key's specs are these very objects), and
-# ``_fast_moves`` moves each new tensor through ``moved`` (so a tensor moved before is not
-# moved again, Note [One move per tensor]) under the entry's label, the item the general
-# path's ``_named`` pushes, so the agreement check sees the same call either way. Under
-# dt.explain, inside a gradient function (its move memo) and with a gradient to record,
-# the general path runs.
+# gradient is to be recorded: ``hows`` holds each moving input's planned move (made once:
+# the key's specs are these very objects), and ``_fast_moves`` moves each new tensor
+# through the general path's ``_move`` (so a tensor moved before is not moved again, Note
+# [One move per tensor]) under the entry's label, the item the general path's ``_named``
+# pushes, so the agreement check sees the same call either way. Under dt.explain, inside a
+# gradient function (its move memo) and with a gradient to record, the general path runs.
 # Everything else takes the general path, which is the same five steps with every check.
 
 
@@ -151,7 +150,7 @@ def _forget(key: tuple, _ref: Any) -> None:
 
 
 class _Entry:
-    __slots__ = ("dense", "label", "last", "mesh", "movable", "moving", "plan", "pos", "refs",
+    __slots__ = ("dense", "hows", "label", "last", "mesh", "movable", "plan", "pos", "refs",
                  "simple")  # fmt: skip
 
     def __init__(self, specs: tuple, plan: tuple, pos: tuple, nargs: int, key: tuple) -> None:
@@ -174,9 +173,9 @@ class _Entry:
         # (world, coord, kernel ctx, dtype, spec, local shape, recorded, (spec,), gradient
         # function): _finish
         self.last: tuple | None = None
-        # the movable plan's moves: (argument position, target spec, reshard.move(source,
-        # target)) per moving input; None: nothing moves
-        self.moving: tuple | None = None
+        # the movable plan's moves, per tensor input reshard.move(its spec, target) or None
+        # where it does not move (_move's ``hows``); None until the plan first ran
+        self.hows: tuple | None = None
         self.label: tuple | None = None  # _named's item
 
 
@@ -282,7 +281,7 @@ def _call(op: Op, *args: Any, **attrs: Any) -> Any:
         if (
             last is not None
             and last[0] is _comm_ctx.world
-            and (entry.moving is None or (not grad and _fast_moves(entry, args, kargs)))
+            and (entry.hows is None or (not grad and _fast_moves(entry, args, kargs)))
         ):
             extra = None
             if not _DEVICE or (t := type(first)) not in _DEVICE:  # host shards: numpy
@@ -325,9 +324,9 @@ Op.__call__ = _call  # type: ignore[method-assign]  # one frame less per op
 
 
 def _fast_moves(entry: _Entry, args: tuple, kargs: list) -> bool:
-    """The fast path's step 3 for an entry whose plan moves inputs (``entry.moving``): each
-    moving input's local array in its target layout into ``kargs``, as ``_move`` gives it,
-    under the entry's label for the agreement check (the general path's ``_named``). False,
+    """The fast path's step 3 for an entry whose plan moves inputs (``entry.hows``): ``_move``
+    with the entry's planned moves, under its label for the agreement check (the general
+    path's ``_named``). False,
     moving nothing, where the general path must run: dt.explain records, or a gradient
     function's move memo is open."""
     if _explain.active or _memo.table is not None:
@@ -337,20 +336,7 @@ def _fast_moves(entry: _Entry, args: tuple, kargs: list) -> bool:
         stack = _doing.stack = []
     stack.append(entry.label)
     try:
-        done = None  # (tensor, target, local) of the moves made: ``d * d`` moves d once
-        for i, dst, how in entry.moving:
-            t = args[i]
-            if done is not None:
-                for u, udst, ulocal in done:
-                    if u is t and udst is dst:
-                        kargs[i] = ulocal
-                        break
-                else:
-                    kargs[i] = local = moved(t, dst, None, how)
-                    done.append((t, dst, local))
-                continue
-            kargs[i] = local = moved(t, dst, None, how)
-            done = [(t, dst, local)]
+        _move(entry.pos, [args[i] for i in entry.pos], entry.plan[3], kargs, entry.hows)
     finally:
         stack.pop()
     return True
@@ -470,14 +456,15 @@ def _label(name: str, tensors: list) -> str:
     return f"{name} of {ins}"
 
 
-def _move(pos, tensors, moves, kargs) -> None:
+def _move(pos, tensors, moves, kargs, hows=None) -> None:
     """Step 3: reshard the inputs that move, into ``kargs``. One reshard per distinct input:
     ``d * d`` on a Partial d reduces d once (Note [One move per input]); autograd's memo also
-    spans a whole gradient function."""
+    spans a whole gradient function. ``hows``: per input its planned one-step move, where
+    the caller keeps them (the fast path's entry)."""
     memo = _memo.table
     if memo is None and len(tensors) > 1:
         memo = {}
-    for i, t, chain in zip(pos, tensors, moves):
+    for k, (i, t, chain) in enumerate(zip(pos, tensors, moves)):
         if not chain:
             kargs[i] = t._local
             continue
@@ -487,7 +474,7 @@ def _move(pos, tensors, moves, kargs) -> None:
             continue
         # the chain is usually just the target; see _decide for bool Partials. A tensor moved
         # there by an earlier op is not moved again (Note [One move per tensor] in tensor.py)
-        local = moved(t, chain[-1], chain)
+        local = moved(t, chain[-1], chain, None if hows is None else hows[k])
         kargs[i] = local
         if memo is not None:
             memo[(id(t), chain[-1])] = (t, local)
@@ -568,11 +555,10 @@ def _finish(op, args, attrs, entry, plan, mesh, coord, kargs, result, tensors, p
         and coord is not None
         and type(out) is DistTensor
     ):
-        if entry.movable and entry.moving is None:
-            entry.moving = tuple(
-                (i, chain[0], _reshard_move(a._spec, chain[0]))
-                for i, a, chain in zip(pos, tensors, moves)
-                if chain
+        if entry.movable and entry.hows is None:
+            entry.hows = tuple(
+                _reshard_move(a._spec, chain[0]) if chain else None
+                for a, chain in zip(tensors, moves)
             )
             if entry.label is None:
                 entry.label = fixed_item(_label, op.name, [a._spec for a in tensors])

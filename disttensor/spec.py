@@ -138,9 +138,11 @@ class DistSpec:
             return True
         if not isinstance(other, DistSpec):
             return NotImplemented
+        # the fields, cheapest first: unequal specs differ in their shapes, dtypes or
+        # placements before their meshes are compared (comparing the hashes first cost two
+        # calls for every pair of equal specs)
         return (
-            hash(self) == hash(other)
-            and self.shape == other.shape
+            self.shape == other.shape
             and self.dtype == other.dtype
             and self.placements == other.placements
             and self.mesh == other.mesh

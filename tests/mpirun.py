@@ -83,3 +83,13 @@ def run(n: int, args: list[str], timeout: float, env: dict | None = None):
             f"(a rank waiting in a collective the others never called?). Output so far:\n{out}"
         ) from None
     return proc.returncode, out
+
+
+def run_script(path, source: str, ranks, done: str, timeout: float = 120) -> None:
+    """Write ``source`` to ``path`` and launch it on each number of ``ranks``: every launch
+    must exit 0 with ``done`` printed once per rank (AssertionError with the output if not)."""
+    path.write_text(source)
+    for n in ranks:
+        code, out = run(n, [str(path)], timeout=timeout)
+        assert code == 0, out
+        assert out.count(done) == n, out

@@ -8,7 +8,7 @@ import gc
 
 import numpy as np
 import pytest
-from mpirun import run
+from mpirun import run_script
 
 import disttensor as dt
 from disttensor import dispatch
@@ -152,9 +152,4 @@ def test_the_fast_path_moves_inputs_as_the_general_path_does(tmp_path):
     divisor, one all-gather of a split vector), a tensor already moved is not moved again,
     the values are numpy's, and the general path runs once per decision. Under mpiexec: the
     simulated ranks of dt.simulate share one cache and take turns in its entries."""
-    script = tmp_path / "script.py"
-    script.write_text(FAST_MOVES)
-    for n in (2, 3):
-        code, out = run(n, [str(script)], timeout=120)
-        assert code == 0, out
-        assert out.count("FAST MOVES OK") == n, out
+    run_script(tmp_path / "script.py", FAST_MOVES, (2, 3), "FAST MOVES OK")

@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 import pytest
-from mpirun import run
+from mpirun import run_script
 from op_cases import MESH_SHAPES, every_rank, make_input, mesh_of
 
 import disttensor as dt
@@ -158,12 +158,7 @@ print("CG OK", dt.get_rank(), cc.counts)
 
 @pytest.mark.mpi
 def test_conjugate_gradient_makes_the_hand_written_collectives_under_mpiexec(tmp_path):
-    script = tmp_path / "script.py"
-    script.write_text(CG)
-    for n in (2, 3):
-        code, out = run(n, [str(script)], timeout=120)
-        assert code == 0, out
-        assert out.count("CG OK") == n, out
+    run_script(tmp_path / "script.py", CG, (2, 3), "CG OK")
 
 
 def test_reshard_targets_are_kept_on_the_spec():

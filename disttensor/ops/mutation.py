@@ -66,7 +66,7 @@ from .. import autograd, backend, comm
 from .. import reshard as _reshard
 from ..accounting import outside_rules
 from ..placement import Partial, Replicate
-from ..spmd.shape_rules import broadcast_shapes, canonical_key, index_layout, plain_key, within
+from ..spmd.shape_rules import broadcast_shapes, canonical_key, index_layout, within
 from ..tensor import DistTensor, reshard
 from . import indexing
 
@@ -184,7 +184,7 @@ def setitem(target: DistTensor, key: Any, value: Any) -> None:
     Collective over the target's mesh (and the value's). Note [Writes keep the layout]."""
     check_writable(target, value, "x[key] = value")
     parts = key if isinstance(key, tuple) else (key,)
-    if plain_key(parts) is not None or all(_basic(k) for k in parts):
+    if all(_basic(k) for k in parts):
         ckey = canonical_key(target.shape, key)
         hit = _copy_of(value)
         if hit is not None and hit[0] is target and hit[1] == ckey:
@@ -446,13 +446,7 @@ def inplace(ufunc: np.ufunc, target: DistTensor, other: Any) -> DistTensor:
         and (type(other) in _SCALARS or (type(other) is DistTensor and other.shape == target.shape))
     ):
         result = (_EW or _ops_ew())[op](target, other)
-        rs, ts = result._spec, target._spec
-        if rs is ts or (  # same layout, shape and dtype: copy it in
-            rs.placements == ts.placements
-            and rs.dtype == ts.dtype
-            and rs.shape == ts.shape
-            and rs.mesh == ts.mesh
-        ):
+        if result._spec == target._spec:  # same layout, shape and dtype: copy it in
             target._local[...] = result._local
             _written(target)
         else:  # a cast, another layout: as below

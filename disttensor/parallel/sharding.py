@@ -252,7 +252,7 @@ class ShardedOptimizer:
         self._layouts: dict[tuple, _Layout] = {}  # buckets' layouts, kept
         self._buffers: dict[tuple, Any] = {}  # the collectives' scratch buffers, kept
         self._kept: dict[int, Any] = {}  # stage 3: per slice, the memory it lives in
-        self._ends: dict[tuple, tuple] = {}  # stages 1, 2: per bucket, its state end to end
+        self._ends: dict[tuple, tuple] = {}  # per bucket, its state (and slices) end to end
         # Note [Slices updated end to end]: the optimizer's update is its elementwise apply
         self._end_to_end = type(optimizer).update is Optimizer.update
         # stage 3: gather per module and hand back after use (ShardingStage3's
@@ -454,17 +454,18 @@ class ShardedOptimizer:
             self._gather(updated)
 
     # Note [Slices updated end to end]
-    #     Stages 1 and 2 update a bucket's slices in one call of the optimizer's ``apply``
+    #     Every stage updates a bucket's slices in one call of the optimizer's ``apply``
     #     (every dt optimizer's update is elementwise) on this rank's slices laid end to
-    #     end: the block the all-gather sends. The gradient slices are laid out the same
-    #     way beside them, and each state tensor's local array is a view of one array per
-    #     state name and bucket (``_ends``; a state tensor holding another array, after
-    #     load_state_dict, is copied in and then made the view). One call per bucket
-    #     instead of one per parameter: Adam's fixed cost is about 16 us a call here, so a
-    #     100-parameter model's update took longer than its arithmetic. The all-gather then
-    #     sends the block as it is, and every rank's slice, its own included, is copied into
-    #     the whole parameters. An optimizer whose ``update`` is its own (not elementwise)
-    #     keeps the update per parameter.
+    #     end: for stages 1 and 2 the block the all-gather then sends as it is (every rank's
+    #     slice, its own included, is copied into the whole parameters); for stage 3 one
+    #     array per bucket, whose views the parameters are between steps. The gradient
+    #     slices are laid out the same way beside them, and each state tensor's local array
+    #     is a view of one array per state name and bucket (``_ends``; a state tensor or a
+    #     parameter holding another array, after load_state_dict or a forward that left it
+    #     whole, is copied in and then made the view). One call per bucket instead of one
+    #     per parameter: Adam's fixed cost is about 16 us a call here, so a 100-parameter
+    #     model's update took longer than its arithmetic. An optimizer whose ``update`` is
+    #     its own (not elementwise) keeps the update per parameter.
     def _update_end_to_end(self, bucket: list[tuple[_Slice, Any]], grads: dict, lr: float):
         """One bucket's update (Note [Slices updated end to end]); stages 1 and 2 then
         all-gather it, stage 3's parameters are the updated slices."""
@@ -473,10 +474,7 @@ class ShardedOptimizer:
         first, me = bucket[0][1], bucket[0][0].me
         n = lay.counts[me]
         three = self.stage == 3
-        if self._lent:  # a reduce-scatter in flight sends from the scratch buffer
-            flat = backend.xp(first).empty(lay.size, first.dtype)
-        else:
-            flat = self._scratch("flat", lay.size, first)
+        flat = self._gathered(lay, first)
         g = flat[:n]  # the gradients, until the all-gather writes there
         names = opt.state_names
         key = tuple(id(sl) for sl, _ in bucket)
@@ -783,11 +781,8 @@ class ShardedOptimizer:
             lay = self._layout(bucket)
             first, me = bucket[0][1], bucket[0][0].me
             xp = backend.xp(first)
-            mine = xp.empty(lay.counts[me], first.dtype)
+            mine = self._pack(bucket, lay, xp.empty(lay.counts[me], first.dtype))
             flat = xp.empty(lay.size, first.dtype)
-            for (sl, w), offs in zip(bucket, lay.offsets):
-                at = offs[me] - lay.base
-                mine[at : at + sl.sizes[me]].reshape(w.shape)[...] = w
             label = ("all-gather ahead", len(bucket), first.dtype, self.mesh, self.dim)
             with doing(_label, *label):
                 work = bucket[0][0].group.iallgather(mine, flat, lay.counts)
@@ -815,10 +810,7 @@ class ShardedOptimizer:
             xp = backend.xp(flat)
             wholes = [xp.empty(sl.shape, w.dtype) for sl, w in bucket]
             self._unpack(bucket, lay, flat, wholes)
-            for (sl, w), whole in zip(bucket, wholes):
-                p = sl.param
-                self._slice_of[id(p)] = w
-                p._local, p._spec, p._moved = whole, sl.whole, None
+            self._made_whole(bucket, wholes)
         self._taken += 1
         return True
 
@@ -888,11 +880,7 @@ class ShardedOptimizer:
             xp = backend.xp(bucket[0][1])
             wholes = [xp.empty(s.shape, w.dtype) for s, w in bucket]
             self._all_gather(bucket, wholes)
-            for (s, w), whole in zip(bucket, wholes):
-                p = s.param
-                if self._per_module:
-                    self._slice_of[id(p)] = w
-                p._local, p._spec, p._moved = whole, s.whole, None
+            self._made_whole(bucket, wholes)
 
     def _all_gather(
         self, bucket: list[tuple[_Slice, Any]], wholes: list[Any], in_place: list | None = None
@@ -901,17 +889,37 @@ class ShardedOptimizer:
         (``in_place[i]``: member i's own slice is already there)."""
         lay = self._layout(bucket)
         first, me = bucket[0][1], bucket[0][0].me
-        if self._lent:  # a reduce-scatter in flight sends from the scratch buffer
-            flat = backend.xp(first).empty(lay.size, first.dtype)
-        else:
-            flat = self._scratch("flat", lay.size, first)
-        mine = self._scratch("mine", lay.counts[me], first)
-        for (s, w), offs in zip(bucket, lay.offsets):
-            at = offs[me] - lay.base
-            mine[at : at + s.sizes[me]].reshape(w.shape)[...] = w
+        flat = self._gathered(lay, first)
+        mine = self._pack(bucket, lay, self._scratch("mine", lay.counts[me], first))
         with doing(_label, "all-gather", len(bucket), first.dtype, self.mesh, self.dim):
             bucket[0][0].group.allgather(mine, flat, lay.counts)
         self._unpack(bucket, lay, flat, wholes, in_place)
+
+    def _gathered(self, lay: _Layout, like: Any) -> Any:
+        """The buffer a bucket's all-gather writes every rank's block into: the kept scratch,
+        or a new one while a reduce-scatter in flight sends from the scratch."""
+        if self._lent:
+            return backend.xp(like).empty(lay.size, like.dtype)
+        return self._scratch("flat", lay.size, like)
+
+    @staticmethod
+    def _pack(bucket: list, lay: _Layout, mine: Any) -> Any:
+        """The bucket's members' arrays (this rank's slices) laid end to end in ``mine``, this
+        rank's block of the all-gather; returns ``mine``."""
+        me = bucket[0][0].me
+        for (s, w), offs in zip(bucket, lay.offsets):
+            at = offs[me] - lay.base
+            mine[at : at + s.sizes[me]].reshape(w.shape)[...] = w
+        return mine
+
+    def _made_whole(self, bucket: list, wholes: list) -> None:
+        """Stage 3: each member's parameter becomes its whole local array; gathering per
+        module, the slice it was is kept for ``_reshard``."""
+        for (s, w), whole in zip(bucket, wholes):
+            p = s.param
+            if self._per_module:
+                self._slice_of[id(p)] = w
+            p._local, p._spec, p._moved = whole, s.whole, None
 
     @staticmethod
     def _unpack(bucket: list, lay: _Layout, flat: Any, wholes: list, in_place: list | None = None):
