@@ -121,26 +121,47 @@ from disttensor.tensor import DistTensor
 calls = []
 general = dispatch._general
 dispatch._general = lambda op, *a: calls.append(op.name) or general(op, *a)
-mesh = dt.ProcessMesh(list(range(dt.get_world_size())))
+world = dt.get_world_size()
+meshes = [(dt.ProcessMesh(list(range(world))), [[dt.Shard(0)]])]
+if world == 4:  # (2, 2): split over either mesh dim, or over both
+    grid = dt.ProcessMesh(np.arange(4).reshape(2, 2))
+    split = [[dt.Shard(0), dt.Replicate()], [dt.Replicate(), dt.Shard(0)], [dt.Shard(0)] * 2]
+    meshes.append((grid, split))
 rng = np.random.default_rng(3)
-gA, gp, gq = rng.standard_normal((5, 5)), rng.standard_normal(5), rng.standard_normal(5)
-A = dt.shard_tensor(gA, mesh, [dt.Shard(0)])
-rs = dt.shard_tensor(np.float64(2.0), mesh, [dt.Replicate()])
-p = dt.shard_tensor(gp, mesh, [dt.Shard(0)])
-q = dt.shard_tensor(gq, mesh, [dt.Shard(0)])
-d0 = gp @ gq
-want = [2.0 / d0, d0 * d0, gA @ gp, gA @ gp, 2.0 / d0]
-for step in range(6):
-    pi = DistTensor(p.to_local().copy(), p._spec)  # a new tensor of the same spec
-    with dt.CommCounter() as cc:
-        d = pi @ q  # Partial: nothing moves
-        out = [rs / d, d * d, A @ pi, A @ pi, rs / d]
-    # d reduced once (d * d and the second rs / d reuse it), pi gathered once
-    assert cc.counts == {"all_reduce": 1, "all_gather": 1}, (step, cc.counts)
-    for got, w in zip(out, want):
-        assert np.allclose(got.numpy(), w, rtol=1e-12, atol=0), (step, got.numpy(), w)
-# the general path decided each call shape once: later calls moved on the fast path
-assert calls.count("divide") == 1 and calls.count("matmul") == 2, calls
+configs = 0
+for mesh, layouts in meshes:
+    for placements in layouts:
+        for n in (5, 3):  # uneven on 2 to 4 ranks; 3 on 4 ranks leaves a shard empty
+            gA, gp, gq = rng.standard_normal((n, n)), rng.standard_normal(n), rng.standard_normal(n)
+            A = dt.shard_tensor(gA, mesh, placements)
+            rs = dt.shard_tensor(np.float64(2.0), mesh, [dt.Replicate()] * mesh.ndim)
+            p = dt.shard_tensor(gp, mesh, placements)
+            q = dt.shard_tensor(gq, mesh, placements)
+            d0 = gp @ gq
+            want = [2.0 / d0, d0 * d0, gA @ gp, gA @ gp, 2.0 / d0]
+            before = (calls.count("divide"), calls.count("matmul"))
+            counts = []
+            for step in range(4):
+                pi = DistTensor(p.to_local().copy(), p._spec)  # a new tensor of the same spec
+                with dt.CommCounter() as cc:
+                    d = pi @ q  # Partial: nothing moves
+                    out = [rs / d, d * d, A @ pi, A @ pi, rs / d]
+                counts.append(dict(cc.counts))
+                if mesh.ndim == 1 and n == 5:  # the CG shapes: d reduced once (d * d and the
+                    # second rs / d reuse it), pi gathered once, every step
+                    assert counts[-1] == {"all_reduce": 1, "all_gather": 1}, (n, counts)
+                for got, w in zip(out, want):
+                    assert np.allclose(got.numpy(), w, rtol=1e-12, atol=0), (placements, n, step)
+            # the fast path's steps move as the general path's first one did, less what the
+            # first step moved of A, which A remembers (Note [One move per tensor])
+            assert all(c == counts[1] for c in counts[2:]), (placements, n, counts)
+            assert all(counts[0].get(k, 0) >= v for k, v in counts[1].items()), (n, counts)
+            assert counts[1].get("all_reduce", 0) >= 1, (placements, n, counts)  # d, each step
+            # the general path decided each call shape once: later calls moved on the fast path
+            after = (calls.count("divide"), calls.count("matmul"))
+            assert after == (before[0] + 1, before[1] + 2), (placements, n, before, after)
+            configs += 1
+assert configs == (2 if world != 4 else 8), configs
 print("FAST MOVES OK", dt.get_rank())
 """
 
@@ -148,8 +169,9 @@ print("FAST MOVES OK", dt.get_rank())
 @pytest.mark.mpi
 def test_the_fast_path_moves_inputs_as_the_general_path_does(tmp_path):
     """A plan that moves inputs in one step takes the fast path from its second call on
-    (Note [Dispatch fast path]): each new tensor is still moved (one all-reduce of a Partial
-    divisor, one all-gather of a split vector), a tensor already moved is not moved again,
-    the values are numpy's, and the general path runs once per decision. Under mpiexec: the
-    simulated ranks of dt.simulate share one cache and take turns in its entries."""
-    run_script(tmp_path / "script.py", FAST_MOVES, (2, 3), "FAST MOVES OK")
+    (Note [Dispatch fast path]): each new tensor is still moved as on the first call (the
+    Partial divisor reduced, the split vector gathered), a tensor already moved is not moved
+    again, the values are numpy's, and the general path runs once per decision; on meshes
+    (2), (3), (4) and (2, 2), uneven and empty shards. Under mpiexec: the simulated ranks of
+    dt.simulate share one cache and take turns in its entries."""
+    run_script(tmp_path / "script.py", FAST_MOVES, (2, 3, 4), "FAST MOVES OK")
