@@ -49,13 +49,13 @@ Shifted slices of a split axis are split again by ``numpy.array_split`` over the
 length, so a stencil step moves just the halo rows when the interior's split boundaries sit
 one row from the plate's: 37 rows does that on 1 to 4 ranks. A 36-row plate is listed as a
 known case (``KNOWN``, shown but not failed): on 3 and 4 ranks dt sends 3.3 times the halo
-exchange there, in up to 6 sends per step, not 2. k-means is the other known case: dt makes 3
-all-reduces per iteration where the hand-written version makes one (``known_calls`` says
-why). The Megatron forward stays within 2x (1.35x to 1.82x on 2 to 4 ranks) of
-Megatron's all-reduce of the activations after the embedding, the attention and the MLP, by
-another route: the lookup in the vocabulary-split table comes out split by batch (Note
-[Gathers by index] in disttensor/ops/indexing.py), and the matmuls that follow gather weights
-and move activations between splits instead.
+exchange there, in up to 6 sends per step, not 2. k-means makes the hand-written single
+all-reduce per iteration: its counts and sums are small Partial results reduced together (Note
+[Small reductions ride together] in disttensor/tensor.py). The Megatron forward stays within 2x
+(1.35x to 1.82x on 2 to 4 ranks) of Megatron's all-reduce of the activations after the
+embedding, the attention and the MLP, by another route: the lookup in the vocabulary-split
+table comes out split by batch (Note [Gathers by index] in disttensor/ops/indexing.py), and the
+matmuls that follow gather weights and move activations between splits instead.
 """
 
 from __future__ import annotations
@@ -320,17 +320,6 @@ CASES = (
         "kmeans", "points by rows", kmeans_inputs, {"X": [S0]}, kmeans_step, 6,
         partial(hw.kmeans, steps=6), hw.kmeans_bytes, finish=kmeans_finish,
         hw_calls=hw.kmeans_calls,
-        known_calls=(
-            "2 all-reduces where the hand-written makes 1 (the same bytes). counts = "
-            "onehot.sum(axis=0) and sums = onehot.T @ X are Partial(sum) (onehot is Shard(0)); "
-            "dt reduces each Partial tensor by an all-reduce of its own when an op first needs "
-            "it, and does not put independent pending reductions in one buffer, as the "
-            "hand-written code puts the sums beside the counts: counts (40 B) in this "
-            "iteration, where counts[:, None] > 0 reads the pick from its reduced root and "
-            "np.maximum(counts, 1) reuses it (Note [Picks read from their root]), and sums "
-            "(160 B: sums / np.maximum(counts, 1)[:, None] and np.where keep it Partial) in "
-            "the next one's X[:, None, :] - centroids[None, :, :]"
-        ),
     ),
     Case("pca", "observations by rows", pca_inputs, {"X": [S0]}, pca, 1, hw.pca, hw.pca_bytes),
     Case(

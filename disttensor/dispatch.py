@@ -37,7 +37,7 @@ from .placement import Replicate
 from .reshard import move as _reshard_move
 from .spec import DistSpec
 from .spmd import TensorSpec, get_rule
-from .tensor import DistTensor, moved
+from .tensor import DistTensor, moved, note_partial, remembered, rides
 
 log = logging.getLogger("disttensor")
 
@@ -150,10 +150,12 @@ def _forget(key: tuple, _ref: Any) -> None:
 
 
 class _Entry:
-    __slots__ = ("dense", "hows", "label", "last", "mesh", "movable", "plan", "pos", "refs",
-                 "simple")  # fmt: skip
+    __slots__ = ("dense", "hows", "keeps", "label", "last", "mesh", "movable", "plan", "pos",
+                 "refs", "simple")  # fmt: skip
 
-    def __init__(self, specs: tuple, plan: tuple, pos: tuple, nargs: int, key: tuple) -> None:
+    def __init__(
+        self, op: Op, specs: tuple, plan: tuple, pos: tuple, nargs: int, key: tuple
+    ) -> None:
         forget = functools.partial(_forget, key)
         self.refs = tuple(weakref.ref(s, forget) for s in specs)  # the entry dies with them
         self.mesh = specs[0].mesh
@@ -177,6 +179,14 @@ class _Entry:
         # where it does not move (_move's ``hows``); None until the plan first ran
         self.hows: tuple | None = None
         self.label: tuple | None = None  # _named's item
+        # the argument positions of Partial inputs the plan does not move: a remembered
+        # reduced value is used instead where there is one (Note [Reduced values used])
+        keeps = tuple(
+            i
+            for k, (i, s) in enumerate(zip(pos, specs))
+            if s.has_partial() and (moves is None or not moves[k])
+        )
+        self.keeps = keeps if keeps and not op.moves_only else None
 
 
 _cache: dict[tuple, Any] = {}
@@ -277,6 +287,13 @@ def _call(op: Op, *args: Any, **attrs: Any) -> Any:
     except TypeError:  # unhashable attributes: decide every time
         entry = key = None
     if entry is not None:
+        keeps = entry.keeps
+        if keeps is not None:  # Note [Reduced values used]
+            for i in keeps:
+                if args[i]._moved is not None:  # moved before: perhaps reduced
+                    if (sub := _reduced(entry, args)) is not None:
+                        return _call(op, *sub, **attrs)
+                    break
         last = entry.last  # set only where the plan has one output and moves in one step
         if (
             last is not None
@@ -310,6 +327,8 @@ def _call(op: Op, *args: Any, **attrs: Any) -> Any:
                     if inputs is None:
                         inputs = _inputs(args, entry.pos)
                     autograd.record_one(op.name, last[8], inputs, args, attrs, out, last[7], extra)
+                elif last[9]:  # small, Partial, no graph (Note [Small reductions ride together])
+                    note_partial(out, args)
                 return out
             # another dtype (int x + 1 vs x + 1.5) or a wrong rule: the general wrap
             tensors = [args[i] for i in entry.pos]
@@ -340,6 +359,37 @@ def _fast_moves(entry: _Entry, args: tuple, kargs: list) -> bool:
     finally:
         stack.pop()
     return True
+
+
+# Note [Reduced values used]
+# A Partial tensor whose reduced value is remembered (Note [One move per tensor] in
+# tensor.py: it was reduced for an earlier op, or rode along with another's reduction, Note
+# [Small reductions ride together]) is used in that reduced form where a plan would have kept
+# it Partial: ``sums / m`` after ``sums`` was reduced gives a Replicate result, not a Partial
+# one that a later op must reduce again. The value is the same; it is in fact numpy's order
+# of operations (the sum first). An entry knows which of its inputs the plan keeps Partial
+# (``keeps``), and the call is made again with those inputs that have a reduced value as
+# Replicate DistTensors of it (their specs are the inputs' own ``without_partials()``, so the
+# new call's entry is found by identity next time). Not for ops that only move elements
+# (their results may be views of the input, and a write into such a view must reach the
+# tensor itself), nor for an input that requires a gradient.
+
+
+def _reduced(entry: _Entry, args: tuple) -> list | None:
+    """``args`` with the kept-Partial inputs that have a remembered reduced value as
+    Replicate DistTensors of it; None where none has (Note [Reduced values used])."""
+    sub = None
+    for i in entry.keeps:
+        a = args[i]
+        if a._moved is None or a.requires_grad:
+            continue
+        plain = a._spec.without_partials()
+        value = remembered(a, plain)
+        if value is not None:
+            if sub is None:
+                sub = list(args)
+            sub[i] = DistTensor(value, plain)
+    return sub
 
 
 def _mixed_key(op: Op, attrs_key: tuple, args: tuple) -> tuple:
@@ -399,8 +449,10 @@ def _general(op: Op, args: tuple, attrs: dict, idkey: Any, entry: _Entry | None)
             if len(_cache) >= _CACHE_LIMIT:
                 _cache.clear()
             entry = _cache[idkey] = _Entry(
-                tuple(t._spec for t in tensors), plan, tuple(pos), len(args), idkey
+                op, tuple(t._spec for t in tensors), plan, tuple(pos), len(args), idkey
             )
+            if entry.keeps is not None and (sub := _reduced(entry, args)) is not None:
+                return _call(op, *sub, **attrs)
     targets, out_placements, out_shapes, moves, _ = plan
     # every rank (its shards are of one backend) knows here whether the op runs on them
     if t not in _DEVICE:
@@ -576,6 +628,7 @@ def _finish(op, args, attrs, entry, plan, mesh, coord, kargs, result, tensors, p
             recorded,
             (out._spec,),
             _GRADIENTS.get(op.name),  # None: backward refuses (autograd._refuse)
+            rides(out._spec),
         )
     for a in tensors:  # the flag first: the thread-local switch only when it matters
         if a.requires_grad:
@@ -584,6 +637,8 @@ def _finish(op, args, attrs, entry, plan, mesh, coord, kargs, result, tensors, p
                 inputs = tuple(a if getattr(a, "requires_grad", False) else None for a in args)
                 autograd.record_op(op.name, args, attrs, out, saved, inputs, extra)
             break
+    if coord is not None and type(out) is DistTensor and not out.requires_grad and rides(out._spec):
+        note_partial(out, args)  # Note [Small reductions ride together] in tensor.py
     return out
 
 

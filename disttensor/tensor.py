@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import threading
 import weakref
 import zlib
 from collections.abc import Sequence
@@ -31,6 +32,7 @@ from .accounting import outside_rules
 from .comm import agree
 from .comm.agree import doing
 from .comm.base import reduce_arrays
+from .explain import HOOKS as _explain
 from .mesh import ProcessMesh, names_differ
 from .placement import Partial, Placement, Replicate
 from .spec import DistSpec, contiguous
@@ -1264,6 +1266,11 @@ def moved(x: DistTensor, dst: DistSpec, chain: tuple | None = None, how: Any = N
         if out is not None:
             return out
     spec = x._spec
+    items = _pending.items
+    if items:  # moved now: x is pending no more (Note [Small reductions ride together])
+        for k in range(len(items) - 1, -1, -1):
+            if items[k][0] is x:
+                del items[k]
     one_step = chain is None or len(chain) == 1
     local = _from_root(x, dst) if x._derived is not None and one_step else None
     if local is not None:  # read from the pick's root: remembered like a move
@@ -1272,8 +1279,13 @@ def moved(x: DistTensor, dst: DistSpec, chain: tuple | None = None, how: Any = N
         if one_step:
             if how is None:
                 how = _reshard.move(spec, dst)
-            local = _reshard.execute(x._local, spec, dst, how)
+            # reduced with pending ones (Note [Small reductions ride together]), or alone
+            local = _together(x, dst, items) if items else None
+            if local is None:
+                local = _reshard.execute(x._local, spec, dst, how)
         else:  # dispatch's bool Partials: reduced first
+            if items:
+                items.clear()  # a move: what was pending before it no longer rides
             local = x._local
             for step in chain:
                 local, spec = _reshard.execute(local, spec, step), step
@@ -1285,6 +1297,149 @@ def moved(x: DistTensor, dst: DistSpec, chain: tuple | None = None, how: Any = N
         source = x._local
         memo[dst] = (source, local, autograd.version(source), autograd.version(local))
     return local
+
+
+# Note [Small reductions ride together]
+#     A program that makes several small Partial tensors before it reads them (k-means'
+#     ``counts = onehot.sum(axis=0)`` and ``sums = onehot.T @ X``) would reduce each by an
+#     all-reduce of its own where an op first needs it; hand-written MPI puts them in one
+#     buffer. So dispatch notes each small Partial result (``note_partial``: Partial and
+#     Replicate placements only, a Partial mesh dim of more than one rank, at most
+#     PENDING_BYTES) in a short list of pending reductions, one per thread (so per simulated
+#     rank). When one of them is reduced (a one-step move to its own layout with the Partials
+#     read as Replicate), the others on the list of the same mesh, placements and dtype that
+#     were not written since ride in the same all-reduce, packed end to end, up to
+#     PENDING_BYTES in all: one call of the combined size, named by the flat reshard. Each
+#     keeps its reduced value as a remembered move (Note [One move per tensor]), and dispatch
+#     uses that value where an op would have kept the tensor Partial (Note [Reduced values
+#     used] in dispatch.py), so ``sums / np.maximum(counts, 1)[:, None]`` is Replicate and
+#     nothing is reduced in the next iteration.
+#     Every rank decides alike: the list holds what the program's ops made since the last
+#     move, in their order, not what is still alive (garbage collection can free a tensor at
+#     different times on different ranks). An entry leaves the list when an op that makes a
+#     Partial result consumes it (so ``X.T @ r / n`` sends only the quotient, not the product
+#     too), and when the list is full (PENDING_MAX, oldest first); the list is emptied by
+#     every move (one that reads a pick from its root excepted: the root's move empties it)
+#     and when ranks are found to diverge (agree.WHEN_DIVERGED: after a RanksDiverged the
+#     ranks' lists may differ, and must not make the next calls differ too). The list holds
+#     its tensors, so a tensor the program dropped costs its bytes in one batch at most.
+#     Results that require a gradient are not noted (the list would keep their graph alive);
+#     under dt.explain every move is its own.
+PENDING_BYTES = 512
+PENDING_MAX = 4
+_LAST_WRITE = autograd._last_mutation
+_written_after = autograd._written_after
+
+
+class _Pending(threading.local):
+    items: list | None = None  # (tensor, the number of the latest write when it was made)
+
+
+_pending = _Pending()
+
+
+def _forget_pending() -> None:
+    """This thread's pending reductions ride no more (agree.WHEN_DIVERGED)."""
+    _pending.items = None
+
+
+agree.WHEN_DIVERGED.append(_forget_pending)
+
+
+def rides(spec: DistSpec) -> Any:
+    """Whether a result of ``spec`` is noted as a pending reduction (Note [Small reductions
+    ride together]): its ride key, (mesh, placements, dtype) made one object for equal ones,
+    else None; kept on the spec."""
+    d = spec.__dict__
+    if "_rides" in d:
+        return d["_rides"]
+    key = None
+    if (
+        math.prod(spec.shape) * spec.dtype.itemsize <= PENDING_BYTES
+        and not spec.has_shard()
+        and any(p.is_partial() and n > 1 for p, n in zip(spec.placements, spec.mesh.shape))
+    ):
+        key = (spec.mesh, spec.placements, spec.dtype)
+        key = _RIDE_KEYS.setdefault(key, key)
+    object.__setattr__(spec, "_rides", key)
+    return key
+
+
+_RIDE_KEYS: dict[tuple, tuple] = {}
+
+
+def note_partial(out: DistTensor, args: tuple) -> None:
+    """Dispatch made ``out``, a small Partial result (``rides``), from ``args``: the inputs
+    it consumed leave the pending list, ``out`` joins it."""
+    items = _pending.items
+    if items is None:
+        items = _pending.items = []
+    elif items:  # a short list (PENDING_MAX), an op's few arguments: loops beat a comprehension
+        for a in args:
+            k = len(items)
+            while k:
+                k -= 1
+                if items[k][0] is a:
+                    del items[k]
+    items.append((out, _LAST_WRITE[0]))
+    if len(items) > PENDING_MAX:
+        del items[0]
+
+
+def _together(x: DistTensor, dst: DistSpec, items: list) -> Any:
+    """``x``'s local array reduced to ``dst`` together with the pending reductions that can
+    ride along (None: none can, or ``x`` cannot take them): Note [Small reductions ride
+    together]."""
+    spec = x._spec
+    local = x._local
+    pending = items[:]
+    items.clear()  # a move: what was pending before it no longer rides
+    key = rides(spec)
+    if key is None or _explain.active:
+        return None
+    plain = spec.without_partials()
+    if dst is not plain and dst != plain:
+        return None
+    size = local.nbytes
+    riders: list[DistTensor] = []
+    for t, seq in pending:
+        a = t._local
+        if (
+            rides(t._spec) is key
+            and type(a) is type(local)
+            and size + a.nbytes <= PENDING_BYTES
+            and not _written_after(a, seq)
+            and (t._moved is None or remembered(t, t._spec.without_partials()) is None)
+        ):
+            riders.append(t)
+            size += a.nbytes
+    if not riders:
+        return None
+    parts = [local.reshape(-1)]
+    for t in riders:
+        parts.append(t._local.reshape(-1))
+    flat, whole, how = _flat_move(key, size // local.itemsize)
+    out = _reshard.execute(_reshard._xp(local).concatenate(parts), flat, whole, how)
+    off = local.size
+    for t in riders:
+        a = t._local
+        value = out[off : off + a.size].reshape(a.shape)
+        off += a.size
+        memo = t._moved
+        if memo is None:
+            memo = t._moved = {}
+        # a fresh array, never written: its write counter is 1 (autograd.version)
+        memo[t._spec.without_partials()] = (a, value, autograd.version(a), 1)
+    return out[: local.size].reshape(local.shape)
+
+
+@lru_cache(maxsize=256)
+def _flat_move(key: tuple, n: int) -> tuple:
+    """(flat spec, its Partials reduced, the move between them) of ``n`` packed elements of
+    ride key ``key``."""
+    flat = DistSpec(key[0], key[1], (n,), key[2])
+    whole = flat.without_partials()
+    return flat, whole, _reshard.move(flat, whole)
 
 
 # Note [Picks read from their root]

@@ -8,7 +8,7 @@ exits 1 otherwise; it times them too (one round here: the times are printed, nev
 asserted). On simulated ranks each program runs again in-process against numpy, its bytes
 per iteration bounded by the formula those mpiexec runs confirm and its collectives per
 iteration equal to the formula's; the stencil on a plate whose interior splits two rows off
-the plate's, and k-means' three all-reduces, are the known cases (strict xfail).
+the plate's is the known case (strict xfail).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ CASES = {c.label: c for c in na.CASES}
 KNOWN = {c.label for c in na.CASES if c.known_over}
 ITERATIVE = {c.label: c for c in na.ITERATIVE}
 # the known cases of collectives per iteration, from this many ranks on
-KNOWN_CALLS_FROM = {"kmeans [points by rows]": 2, "stencil [rows, 36 x 29]": 3}
+KNOWN_CALLS_FROM = {"stencil [rows, 36 x 29]": 3}
 
 
 def rows_of(out: str) -> dict[str, tuple[int, int, int, float, float, str]]:
@@ -220,7 +220,7 @@ def test_the_count_checks_catch_what_they_should():
         assert [p.split(":")[0] for p in outcome.count_problems(case)] == ["CALLS"], change
     broken = na.Outcome(**{**good.__dict__, "hw_calls": [3, 4, 3]})
     assert [p.split(":")[0] for p in broken.count_problems(case)] == ["FORMULA", "CALLS"]
-    known = ITERATIVE["kmeans [points by rows]"]
+    known = ITERATIVE["stencil [rows, 36 x 29]"]
     more = dict(dt_calls=[2, 3, 3], hw_calls=[1, 1, 1], calls_formula=1)
     assert na.Outcome(**{**good.__dict__, **more}).problems(known) == []
     assert na.Outcome(**{**good.__dict__, **more}).count_problems(known) == []

@@ -150,8 +150,9 @@ with dt.CommCounter() as cc:
     x = cg(a, b, 10)
 assert np.allclose(x.numpy(), cg(a0, b0, 10), rtol=1e-10, atol=1e-12), "not numpy's iterates"
 # the hand-written count: one all-gather of p and two all-reduces of scalars per iteration
-# (and the setup's: r's all-gather for a @ x, the first rs)
-assert cc.counts == {"all_gather": 11, "all_reduce": 21}, cc.counts
+# (and the setup's: r's all-gather for a @ x); the setup's rs rides with the first p @ ap
+# (Note [Small reductions ride together]), where the hand-written code reduces it alone
+assert cc.counts == {"all_gather": 11, "all_reduce": 20}, cc.counts
 print("CG OK", dt.get_rank(), cc.counts)
 """
 

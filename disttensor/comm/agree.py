@@ -308,8 +308,16 @@ _COLLECTIVES = (
 )
 
 
+# called (no arguments) on each rank that is about to raise RanksDiverged: what the layers
+# above keep per rank that the ranks' next calls depend on starts over (tensor.py's pending
+# reductions, Note [Small reductions ride together])
+WHEN_DIVERGED: list[Callable[[], None]] = []
+
+
 def diverged(calls: list[tuple[str, str]], ranks: tuple[int, ...]) -> RanksDiverged:
     """The error every rank raises: each rank's (kind, description), one per line."""
+    for fn in WHEN_DIVERGED:
+        fn()
     lines = "\n".join(f"  rank {r}: {text}" for r, (_, text) in zip(ranks, calls))
     kinds = {kind for kind, _ in calls}
     kind = kinds.pop() if len(kinds) == 1 else None
