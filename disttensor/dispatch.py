@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from . import autograd, backend, comm
+from . import tensor as _tensor
 from .accounting import NO_RULE, note_outside_rules, outside_rules
 from .autograd import GRADIENTS as _GRADIENTS
 from .autograd import NOT_DIFFERENTIABLE as _NOT_DIFFERENTIABLE
@@ -141,12 +142,20 @@ class Op:
 # [One move per tensor]) under the entry's label, the item the general path's ``_named``
 # pushes, so the agreement check sees the same call either way. Under dt.explain, inside a
 # gradient function (its move memo) and with a gradient to record, the general path runs.
+# DistTensor's operators (``x + y``, ``2 * x``, ``x / d``, the comparisons) enter through
+# ``binary``, which takes the simplest of these calls (two tensors, or one and a Python
+# scalar, whose entry moves nothing, keeps no Partial input, has no kernel context and no
+# gradient to record, on host shards) without ``_call``'s generic argument handling: 1.4 ->
+# 1.1 us for ``x + y`` of 31 floats; every other call is ``_call`` itself.
 # Everything else takes the general path, which is the same five steps with every check.
 
 
 def _forget(key: tuple, _ref: Any) -> None:
-    """A spec of identity key ``key`` was freed: its entry goes (Note [Dispatch fast path])."""
-    _cache.pop(key, None)
+    """A spec of identity key ``key`` was freed: its entry goes (Note [Dispatch fast path]).
+    At interpreter exit the module's globals may be gone (None) before the last specs."""
+    cache = _cache
+    if cache is not None:
+        cache.pop(key, None)
 
 
 class _Entry:
@@ -340,6 +349,51 @@ def _call(op: Op, *args: Any, **attrs: Any) -> Any:
 
 
 Op.__call__ = _call  # type: ignore[method-assign]  # one frame less per op
+
+
+def binary(op: Op, x: Any, y: Any) -> Any:
+    """``op(x, y)`` for DistTensor's operators (``x + y``, ``2 * x``, ``x / d``): the fast
+    path's commonest call, a cached decision that moves nothing for two DistTensors or one
+    and a Python scalar, on host shards, with no gradient to record, taken without
+    ``_call``'s generic argument handling (Note [Dispatch fast path]); any other call is
+    ``_call`` itself."""
+    tx, ty = type(x), type(y)
+    if tx is DistTensor:
+        xl = x._local
+        if ty is DistTensor:
+            yl = y._local
+            if type(xl) is not _ND or type(yl) is not _ND:
+                return _call(op, x, y)
+            key = (op, _NO_ATTRS, id(x._spec), id(y._spec))
+            grad = x.requires_grad or y.requires_grad
+        elif ty in _SCALARS and type(xl) is _ND:
+            key, yl, grad = (op, _NO_ATTRS, id(x._spec), None), y, x.requires_grad
+        else:
+            return _call(op, x, y)
+    elif ty is DistTensor and tx in _SCALARS and type(yl := y._local) is _ND:
+        key, xl, grad = (op, _NO_ATTRS, None, id(y._spec)), x, y.requires_grad
+    else:
+        return _call(op, x, y)
+    entry = _cache.get(key)
+    if entry is not None and not grad and entry.hows is None and entry.keeps is None:
+        last = entry.last
+        if last is not None and last[0] is _comm_ctx.world and last[2] is None and not op.saves:
+            result = op.kernel(xl, yl)
+            if type(result) is not _ND:
+                result = np.asarray(result)  # a numpy scalar of 0-d shards
+            if result.dtype is last[3] and result.shape == last[5]:
+                out = DistTensor(result, last[4])
+                if last[9]:  # Note [Small reductions ride together] in tensor.py
+                    note_partial(out, (x, y))
+                return out
+            # another dtype or a wrong rule: the general wrap
+            tensors = [(x, y)[i] for i in entry.pos]
+            return _finish(op, (x, y), {}, entry, entry.plan, last[4].mesh, last[1], [xl, yl],
+                           result, tensors, entry.pos, _ND)  # fmt: skip
+    return _call(op, x, y)
+
+
+_tensor._binary = binary  # DistTensor's operators call it
 
 
 def _fast_moves(entry: _Entry, args: tuple, kargs: list) -> bool:

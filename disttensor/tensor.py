@@ -302,28 +302,28 @@ class DistTensor:
         return _ops().array_function(func, args, kwargs)
 
     def __add__(self, o):
-        return _EW["add"](self, o)
+        return _binary(_EW["add"], self, o)
 
     def __radd__(self, o):
-        return _EW["add"](o, self)
+        return _binary(_EW["add"], o, self)
 
     def __sub__(self, o):
-        return _EW["subtract"](self, o)
+        return _binary(_EW["subtract"], self, o)
 
     def __rsub__(self, o):
-        return _EW["subtract"](o, self)
+        return _binary(_EW["subtract"], o, self)
 
     def __mul__(self, o):
-        return _EW["multiply"](self, o)
+        return _binary(_EW["multiply"], self, o)
 
     def __rmul__(self, o):
-        return _EW["multiply"](o, self)
+        return _binary(_EW["multiply"], o, self)
 
     def __truediv__(self, o):
-        return _EW["divide"](self, o)
+        return _binary(_EW["divide"], self, o)
 
     def __rtruediv__(self, o):
-        return _EW["divide"](o, self)
+        return _binary(_EW["divide"], o, self)
 
     def __floordiv__(self, o):
         return _ops().floor_divide(self, o)
@@ -347,10 +347,10 @@ class DistTensor:
         return _ops().array_ufunc(np.bitwise_xor, "__call__", (o, self), {})
 
     def __pow__(self, o):
-        return _EW["power"](self, o)
+        return _binary(_EW["power"], self, o)
 
     def __rpow__(self, o):
-        return _EW["power"](o, self)
+        return _binary(_EW["power"], o, self)
 
     def __matmul__(self, o):
         return _EW["matmul"](self, o)
@@ -404,16 +404,16 @@ class DistTensor:
         return _ops().not_equal(self, o)  # type: ignore[override]
 
     def __lt__(self, o):
-        return _EW["less"](self, o)
+        return _binary(_EW["less"], self, o)
 
     def __le__(self, o):
-        return _EW["less_equal"](self, o)
+        return _binary(_EW["less_equal"], self, o)
 
     def __gt__(self, o):
-        return _EW["greater"](self, o)
+        return _binary(_EW["greater"], self, o)
 
     def __ge__(self, o):
-        return _EW["greater_equal"](self, o)
+        return _binary(_EW["greater_equal"], self, o)
 
     def __hash__(self) -> int:
         """A 0-d tensor hashes as its value, as numpy's scalars do, so an element works as a
@@ -854,6 +854,11 @@ class _LazyOps(dict):
 
 
 _EW = _LazyOps()
+
+
+def _binary(op: Any, x: Any, y: Any) -> Any:
+    """The operators' call of ``op(x, y)``: dispatch.binary once dispatch is imported."""
+    return op(x, y)
 
 
 def _gather_shown(x: DistTensor, idx: tuple[np.ndarray, ...], rank: int) -> np.ndarray:

@@ -5,6 +5,7 @@ the cache (and the memory it holds) flat, and a cached call still decides as a f
 from __future__ import annotations
 
 import gc
+import threading
 
 import numpy as np
 import pytest
@@ -175,3 +176,73 @@ def test_the_fast_path_moves_inputs_as_the_general_path_does(tmp_path):
     (2), (3), (4) and (2, 2), uneven and empty shards. Under mpiexec: the simulated ranks of
     dt.simulate share one cache and take turns in its entries."""
     run_script(tmp_path / "script.py", FAST_MOVES, (2, 3, 4), "FAST MOVES OK")
+
+
+def test_operators_take_the_fast_path_as_the_general_path_does(monkeypatch):
+    """dispatch.binary (the operators' entry): repeated ``x + y``, ``2 * x``, ``x / d`` and the
+    comparisons give numpy's values, dtypes and placements on every call, whether the call
+    takes the operators' shortcut or not (the first call decides; a new dtype from the same
+    specs and a gradient to record go through ``_call``), and a repeated call that moves
+    nothing does not reach ``_call``."""
+    g = np.arange(-3.0, 4.0)  # 7: uneven on 2 ranks
+    generic = threading.local()  # per simulated rank
+    real_call = dispatch._call
+
+    def counting(*args, **attrs):
+        generic.names.append(args[0].name)
+        return real_call(*args, **attrs)
+
+    def body():
+        mesh = dt.ProcessMesh([0, 1])
+        x = dt.shard_tensor(g, mesh, [dt.Shard(0)])
+        y = dt.shard_tensor(g[::-1].copy(), mesh, [dt.Shard(0)])
+        i = dt.shard_tensor(np.arange(7), mesh, [dt.Shard(0)])
+        d = dt.shard_tensor(np.float64(2.5), mesh, [dt.Replicate()])
+        calls = {
+            "x + y": lambda: x + y, "x - y": lambda: x - y, "x * y": lambda: x * y,
+            "x / y": lambda: x / y, "x ** 2": lambda: x**2, "2 ** x": lambda: 2**x,
+            "2 * x": lambda: 2 * x, "1 - x": lambda: 1 - x, "3 / x": lambda: 3 / x,
+            "x / d": lambda: x / d, "d * d": lambda: d * d, "i + 1": lambda: i + 1,
+            "i + 1.5": lambda: i + 1.5, "i * 2": lambda: i * 2, "x < y": lambda: x < y,
+            "x <= 0": lambda: x <= 0, "x > y": lambda: x > y, "x >= 1": lambda: x >= 1,
+        }  # fmt: skip
+        out = {}
+        with np.errstate(divide="ignore", invalid="ignore"):
+            for name, fn in calls.items():
+                got = [fn() for _ in range(3)]
+                out[name] = [(r.numpy(), r.dtype, r.placements) for r in got]
+        w = dt.shard_tensor(g, mesh, [dt.Shard(0)], requires_grad=True)
+        for _ in range(3):
+            loss = (w * 2.0 + w).sum()
+        loss.backward()
+        out["grad"] = w.grad.numpy()
+        generic.names = []
+        dt.barrier()
+        if dt.get_rank() == 0:
+            monkeypatch.setattr(dispatch, "_call", counting)
+        dt.barrier()
+        x + y, 2 * x, x / d, d * d, 1 - x, x < y, i * 2  # the repeated calls once more
+        out["generic"] = generic.names
+        generic.names = []
+        w * 2.0  # a gradient to record
+        out["with grad"] = generic.names
+        dt.barrier()
+        return out
+
+    for result in dt.simulate(2, body):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            want = {
+                "x + y": g + g[::-1], "x - y": g - g[::-1], "x * y": g * g[::-1],
+                "x / y": g / g[::-1], "x ** 2": g**2, "2 ** x": 2**g, "2 * x": 2 * g,
+                "1 - x": 1 - g, "3 / x": 3 / g, "x / d": g / 2.5, "d * d": np.float64(6.25),
+                "i + 1": np.arange(7) + 1, "i + 1.5": np.arange(7) + 1.5,
+                "i * 2": np.arange(7) * 2, "x < y": g < g[::-1], "x <= 0": g <= 0,
+                "x > y": g > g[::-1], "x >= 1": g >= 1,
+            }  # fmt: skip
+        for name, value in want.items():
+            for got, dtype, placements in result[name]:
+                np.testing.assert_array_equal(got, value, err_msg=name)
+                assert dtype == np.asarray(value).dtype, (name, dtype)
+                assert placements == result[name][0][2], name
+        np.testing.assert_array_equal(result["grad"], np.full(7, 3.0))
+        assert result["generic"] == [] and result["with grad"] == ["multiply"], result
