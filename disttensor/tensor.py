@@ -1337,7 +1337,7 @@ _written_after = autograd._written_after
 
 
 class _Pending(threading.local):
-    items: list | None = None  # (tensor, the number of the latest write when it was made)
+    items: list | None = None  # (tensor, the number of the latest write when made, ride key)
 
 
 _pending = _Pending()
@@ -1386,7 +1386,7 @@ def note_partial(out: DistTensor, args: tuple) -> None:
                 k -= 1
                 if items[k][0] is a:
                     del items[k]
-    items.append((out, _LAST_WRITE[0]))
+    items.append((out, _LAST_WRITE[0], out._spec.__dict__["_rides"]))  # rides() set it
     if len(items) > PENDING_MAX:
         del items[0]
 
@@ -1402,18 +1402,18 @@ def _together(x: DistTensor, dst: DistSpec, items: list) -> Any:
     key = rides(spec)
     if key is None or _explain.active:
         return None
-    plain = spec.without_partials()
+    plain = spec.__dict__.get("_plain") or spec.without_partials()
     if dst is not plain and dst != plain:
         return None
     size = local.nbytes
     riders: list[DistTensor] = []
-    for t, seq in pending:
+    for t, seq, k in pending:
         a = t._local
         if (
-            rides(t._spec) is key
+            k is key
             and type(a) is type(local)
             and size + a.nbytes <= PENDING_BYTES
-            and not _written_after(a, seq)
+            and (_LAST_WRITE[0] == seq or not _written_after(a, seq))  # nothing written
             and (t._moved is None or remembered(t, t._spec.without_partials()) is None)
         ):
             riders.append(t)
@@ -1423,8 +1423,20 @@ def _together(x: DistTensor, dst: DistSpec, items: list) -> Any:
     parts = [local.reshape(-1)]
     for t in riders:
         parts.append(t._local.reshape(-1))
-    flat, whole, how = _flat_move(key, size // local.itemsize)
-    out = _reshard.execute(_reshard._xp(local).concatenate(parts), flat, whole, how)
+    n = size // local.itemsize
+    hit = _FLAT.get((id(key), n))  # ride keys live for ever: their ids stay theirs
+    if hit is None:
+        if len(_FLAT) >= 256:
+            _FLAT.clear()
+        flat = DistSpec(key[0], key[1], (n,), key[2])
+        whole = flat.without_partials()
+        hit = _FLAT[(id(key), n)] = (flat, whole, _reshard.move(flat, whole))
+    packed = (
+        np.concatenate(parts)
+        if type(local) is np.ndarray
+        else _reshard._xp(local).concatenate(parts)
+    )
+    out = _reshard.execute(packed, *hit)
     off = local.size
     for t in riders:
         a = t._local
@@ -1434,17 +1446,13 @@ def _together(x: DistTensor, dst: DistSpec, items: list) -> Any:
         if memo is None:
             memo = t._moved = {}
         # a fresh array, never written: its write counter is 1 (autograd.version)
-        memo[t._spec.without_partials()] = (a, value, autograd.version(a), 1)
+        plain = t._spec.__dict__.get("_plain") or t._spec.without_partials()
+        memo[plain] = (a, value, autograd.version(a), 1)
     return out[: local.size].reshape(local.shape)
 
 
-@lru_cache(maxsize=256)
-def _flat_move(key: tuple, n: int) -> tuple:
-    """(flat spec, its Partials reduced, the move between them) of ``n`` packed elements of
-    ride key ``key``."""
-    flat = DistSpec(key[0], key[1], (n,), key[2])
-    whole = flat.without_partials()
-    return flat, whole, _reshard.move(flat, whole)
+# the flat spec of n packed elements of a ride key, its Partials reduced, and the move
+_FLAT: dict[tuple, tuple] = {}
 
 
 # Note [Picks read from their root]
