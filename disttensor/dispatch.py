@@ -195,7 +195,7 @@ class _Entry:
             for k, (i, s) in enumerate(zip(pos, specs))
             if s.has_partial() and (moves is None or not moves[k])
         )
-        self.keeps = keeps if keeps and not op.moves_only else None
+        self.keeps = keeps if keeps and not op.moves_only and op.name not in _VIEWS else None
 
 
 _cache: dict[tuple, Any] = {}
@@ -426,12 +426,18 @@ def _fast_moves(entry: _Entry, args: tuple, kargs: list) -> bool:
 # Replicate DistTensors of it (their specs are the inputs' own ``without_partials()``, so the
 # new call's entry is found by identity next time). Not for ops that only move elements
 # (their results may be views of the input, and a write into such a view must reach the
-# tensor itself), nor for an input that requires a gradient.
+# tensor itself; ``real`` and ``imag`` too: numpy's are views), nor for an input that
+# requires a gradient, nor on a mesh of fewer ranks than the world: a rank outside the mesh
+# never moves its tensors, so it remembers no reduced value and must still agree on the
+# result's placements.
+_VIEWS = frozenset({"real", "imag"})
 
 
 def _reduced(entry: _Entry, args: tuple) -> list | None:
     """``args`` with the kept-Partial inputs that have a remembered reduced value as
     Replicate DistTensors of it; None where none has (Note [Reduced values used])."""
+    if entry.mesh.size != comm.world().size:  # ranks outside the mesh remember nothing
+        return None
     sub = None
     for i in entry.keeps:
         a = args[i]
@@ -682,7 +688,7 @@ def _finish(op, args, attrs, entry, plan, mesh, coord, kargs, result, tensors, p
             recorded,
             (out._spec,),
             _GRADIENTS.get(op.name),  # None: backward refuses (autograd._refuse)
-            rides(out._spec),
+            None if op.moves_only else rides(out._spec),
         )
     for a in tensors:  # the flag first: the thread-local switch only when it matters
         if a.requires_grad:
@@ -691,7 +697,13 @@ def _finish(op, args, attrs, entry, plan, mesh, coord, kargs, result, tensors, p
                 inputs = tuple(a if getattr(a, "requires_grad", False) else None for a in args)
                 autograd.record_op(op.name, args, attrs, out, saved, inputs, extra)
             break
-    if coord is not None and type(out) is DistTensor and not out.requires_grad and rides(out._spec):
+    if (
+        coord is not None
+        and type(out) is DistTensor
+        and not out.requires_grad
+        and not op.moves_only
+        and rides(out._spec)
+    ):
         note_partial(out, args)  # Note [Small reductions ride together] in tensor.py
     return out
 

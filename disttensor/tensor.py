@@ -32,7 +32,6 @@ from .accounting import outside_rules
 from .comm import agree
 from .comm.agree import doing
 from .comm.base import reduce_arrays
-from .explain import HOOKS as _explain
 from .mesh import ProcessMesh, names_differ
 from .placement import Partial, Placement, Replicate
 from .spec import DistSpec, contiguous
@@ -1271,7 +1270,8 @@ def moved(x: DistTensor, dst: DistSpec, chain: tuple | None = None, how: Any = N
         if out is not None:
             return out
     spec = x._spec
-    items = _pending.items
+    lists = _pending.lists
+    items = lists.get(spec.mesh) if lists else None  # the pending reductions of x's mesh
     if items:  # moved now: x is pending no more (Note [Small reductions ride together])
         for k in range(len(items) - 1, -1, -1):
             if items[k][0] is x:
@@ -1319,17 +1319,20 @@ def moved(x: DistTensor, dst: DistSpec, chain: tuple | None = None, how: Any = N
 #     uses that value where an op would have kept the tensor Partial (Note [Reduced values
 #     used] in dispatch.py), so ``sums / np.maximum(counts, 1)[:, None]`` is Replicate and
 #     nothing is reduced in the next iteration.
-#     Every rank decides alike: the list holds what the program's ops made since the last
-#     move, in their order, not what is still alive (garbage collection can free a tensor at
-#     different times on different ranks). An entry leaves the list when an op that makes a
-#     Partial result consumes it (so ``X.T @ r / n`` sends only the quotient, not the product
-#     too), and when the list is full (PENDING_MAX, oldest first); the list is emptied by
-#     every move (one that reads a pick from its root excepted: the root's move empties it)
-#     and when ranks are found to diverge (agree.WHEN_DIVERGED: after a RanksDiverged the
-#     ranks' lists may differ, and must not make the next calls differ too). The list holds
-#     its tensors, so a tensor the program dropped costs its bytes in one batch at most.
-#     Results that require a gradient are not noted (the list would keep their graph alive);
-#     under dt.explain every move is its own.
+#     Every rank of a mesh decides alike: there is one list per mesh (the ranks of a mesh make
+#     the ops and moves of its tensors, the others do not), and it holds what the program's
+#     ops made on that mesh since the last move of one of its tensors, in their order, not
+#     what is still alive (garbage collection can free a tensor at different times on
+#     different ranks). An entry leaves the list when an op that makes a Partial result
+#     consumes it (so ``X.T @ r / n`` sends only the quotient, not the product too), and when
+#     the list is full (PENDING_MAX, oldest first); the list is emptied by every move of a
+#     tensor of its mesh (one that reads a pick from its root excepted: the root's move
+#     empties it) and, all lists, when ranks are found to diverge (agree.WHEN_DIVERGED: after
+#     a RanksDiverged the ranks' lists may differ, and must not make the next calls differ
+#     too). The list holds its tensors, so a tensor the program dropped costs its bytes in one
+#     batch at most; results that require a gradient (the list would keep their graph alive)
+#     and results of ops that only move elements (a view would keep its base alive) are not
+#     noted.
 PENDING_BYTES = 512
 PENDING_MAX = 4
 _LAST_WRITE = autograd._last_mutation
@@ -1337,7 +1340,9 @@ _written_after = autograd._written_after
 
 
 class _Pending(threading.local):
-    items: list | None = None  # (tensor, the number of the latest write when made, ride key)
+    # per mesh, its pending reductions: (tensor, the number of the latest write when it was
+    # made, its ride key)
+    lists: dict | None = None
 
 
 _pending = _Pending()
@@ -1345,7 +1350,7 @@ _pending = _Pending()
 
 def _forget_pending() -> None:
     """This thread's pending reductions ride no more (agree.WHEN_DIVERGED)."""
-    _pending.items = None
+    _pending.lists = None
 
 
 agree.WHEN_DIVERGED.append(_forget_pending)
@@ -1376,9 +1381,13 @@ _RIDE_KEYS: dict[tuple, tuple] = {}
 def note_partial(out: DistTensor, args: tuple) -> None:
     """Dispatch made ``out``, a small Partial result (``rides``), from ``args``: the inputs
     it consumed leave the pending list, ``out`` joins it."""
-    items = _pending.items
+    lists = _pending.lists
+    if lists is None:
+        lists = _pending.lists = {}
+    mesh = out._spec.mesh
+    items = lists.get(mesh)
     if items is None:
-        items = _pending.items = []
+        items = lists[mesh] = []
     elif items:  # a short list (PENDING_MAX), an op's few arguments: loops beat a comprehension
         for a in args:
             k = len(items)
@@ -1400,7 +1409,7 @@ def _together(x: DistTensor, dst: DistSpec, items: list) -> Any:
     pending = items[:]
     items.clear()  # a move: what was pending before it no longer rides
     key = rides(spec)
-    if key is None or _explain.active:
+    if key is None:
         return None
     plain = spec.__dict__.get("_plain") or spec.without_partials()
     if dst is not plain and dst != plain:

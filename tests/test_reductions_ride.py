@@ -145,3 +145,50 @@ def test_reduced_values_are_not_used_for_views_or_gradients():
     assert vp == [dt.Partial()] and hp == [dt.Partial()]
     np.testing.assert_array_equal(view, gy.sum(0)[1:])
     np.testing.assert_array_equal(half, gy.sum(0) / 2.0)
+
+
+def test_meshes_of_some_ranks_keep_their_own_pending_reductions():
+    """One list per mesh: results and moves on a mesh of ranks 0 and 1 (made there only, as
+    documented) neither push a tensor of the whole world's mesh off the list of ranks 0 and 1
+    nor empty it, so every rank of the world reduces alike; and a rank outside a mesh agrees
+    with its ranks on a result's placements (no reduced value is used there)."""
+
+    def body():
+        world, pair = dt.ProcessMesh([0, 1, 2, 3]), dt.ProcessMesh([0, 1])
+        z = dt.ones((2,), mesh=world, placements=[dt.Partial()]) * 2.0
+        kept = [dt.ones((2,), mesh=pair, placements=[dt.Partial()]) * (i + 1.0) for i in range(5)]
+        if dt.get_rank() in (0, 1):
+            kept[0].numpy()  # collective over the pair, made there
+        y = dt.ones((2,), mesh=world, placements=[dt.Partial()]) * 3.0
+        with dt.CommCounter() as cc:
+            total = float(y.sum())
+        s = dt.ones((2,), mesh=pair, placements=[dt.Partial()]) * 3.0
+        dt.reshard(kept[1], pair, [R])  # s rides along on ranks 0 and 1
+        half = s / 2.0
+        return (
+            total,
+            z.numpy().tolist(),
+            cc.counts,
+            half.placements,
+            dt.reshard(half, world, [R]).numpy().tolist(),
+        )
+
+    for got in dt.simulate(4, body):
+        assert got[:3] == (6.0, [2.0, 2.0], {"all_reduce": 1}), got
+        assert got[3] == [dt.Partial()] and got[4] == [1.5, 1.5], got
+
+
+def test_a_view_of_a_reduced_partial_is_a_view_of_the_tensor():
+    """np.real returns a view, as in numpy: a write into it reaches the Partial tensor, not the
+    remembered reduced value that an earlier reshard returned."""
+
+    def body():
+        mesh = dt.ProcessMesh([0, 1])
+        p = dt.ones((3,), mesh=mesh, placements=[dt.Partial()]) * 3.0
+        whole = dt.reshard(p, mesh, [R])
+        r = np.real(p)
+        r[0] = 100.0
+        return whole.numpy().tolist(), p.numpy().tolist(), r.placements
+
+    for got in dt.simulate(2, body):
+        assert got == ([3.0, 3.0, 3.0], [100.0, 3.0, 3.0], [dt.Partial()]), got
