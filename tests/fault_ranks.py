@@ -6,6 +6,7 @@ numpy (under MPI the MPI library combines them), and programs that end the whole
 from __future__ import annotations
 
 import sys
+import time
 
 import numpy as np
 from fault_table import (
@@ -414,5 +415,7 @@ def source_skips_a_cross_mesh_reshard(world):
     x = dt.dtensor_from_local(np.arange(6.0) if rank() == 0 else np.zeros(0), one, [R], (6,))
     if rank() != 0:  # rank 0 holds the data but skips the reshard that sends it
         dt.reshard(x, mesh(world), [S0])
+    else:  # and reaches its next collective a second later: the receivers' waits time out
+        time.sleep(1.0)  # first (the watchdog looks twice a second), whatever the load
     dt.barrier()
     print("unreachable", flush=True)
