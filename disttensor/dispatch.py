@@ -661,6 +661,11 @@ def _finish(op, args, attrs, entry, plan, mesh, coord, kargs, result, tensors, p
     array type; ``extra``: what a saving kernel kept, Note [Saved for backward])."""
     targets, out_placements, out_shapes, moves, out_specs = plan
     out = _wrap(op, result, mesh, coord, out_placements, out_shapes, out_specs, t)
+    # a small Partial result's ride key (Note [Small reductions ride together] in tensor.py);
+    # an op that only moves elements makes views, which would keep their bases alive
+    pends = None
+    if type(out) is DistTensor and not op.moves_only:
+        pends = rides(out._spec)
     if (
         entry is not None
         and (entry.simple or entry.movable)
@@ -688,7 +693,7 @@ def _finish(op, args, attrs, entry, plan, mesh, coord, kargs, result, tensors, p
             recorded,
             (out._spec,),
             _GRADIENTS.get(op.name),  # None: backward refuses (autograd._refuse)
-            None if op.moves_only else rides(out._spec),
+            pends,
         )
     for a in tensors:  # the flag first: the thread-local switch only when it matters
         if a.requires_grad:
@@ -697,14 +702,8 @@ def _finish(op, args, attrs, entry, plan, mesh, coord, kargs, result, tensors, p
                 inputs = tuple(a if getattr(a, "requires_grad", False) else None for a in args)
                 autograd.record_op(op.name, args, attrs, out, saved, inputs, extra)
             break
-    if (
-        coord is not None
-        and type(out) is DistTensor
-        and not out.requires_grad
-        and not op.moves_only
-        and rides(out._spec)
-    ):
-        note_partial(out, args)  # Note [Small reductions ride together] in tensor.py
+    if pends and coord is not None and not out.requires_grad:
+        note_partial(out, args)
     return out
 
 

@@ -1273,9 +1273,7 @@ def moved(x: DistTensor, dst: DistSpec, chain: tuple | None = None, how: Any = N
     lists = _pending.lists
     items = lists.get(spec.mesh) if lists else None  # the pending reductions of x's mesh
     if items:  # moved now: x is pending no more (Note [Small reductions ride together])
-        for k in range(len(items) - 1, -1, -1):
-            if items[k][0] is x:
-                del items[k]
+        _drop(items, x)
     one_step = chain is None or len(chain) == 1
     local = _from_root(x, dst) if x._derived is not None and one_step else None
     if local is not None:  # read from the pick's root: remembered like a move
@@ -1297,11 +1295,26 @@ def moved(x: DistTensor, dst: DistSpec, chain: tuple | None = None, how: Any = N
             how = _reshard.move(x._spec, dst)
         keep = not how.gathers or how.nbytes <= MEMO_GATHER_BYTES
     if keep:
-        if memo is None:
-            memo = x._moved = {}
-        source = x._local
-        memo[dst] = (source, local, autograd.version(source), autograd.version(local))
+        _remember(x, dst, local)
     return local
+
+
+def _remember(x: DistTensor, dst: DistSpec, local: Any) -> None:
+    """Keep ``local``, x's array in layout ``dst``, on x (Note [One move per tensor])."""
+    memo = x._moved
+    if memo is None:
+        memo = x._moved = {}
+    source = x._local
+    memo[dst] = (source, local, autograd.version(source), autograd.version(local))
+
+
+def _drop(items: list, t: Any) -> None:
+    """Take tensor ``t`` off a pending list (Note [Small reductions ride together])."""
+    k = len(items)
+    while k:
+        k -= 1
+        if items[k][0] is t:
+            del items[k]
 
 
 # Note [Small reductions ride together]
@@ -1388,13 +1401,9 @@ def note_partial(out: DistTensor, args: tuple) -> None:
     items = lists.get(mesh)
     if items is None:
         items = lists[mesh] = []
-    elif items:  # a short list (PENDING_MAX), an op's few arguments: loops beat a comprehension
+    elif items:  # the inputs it consumed
         for a in args:
-            k = len(items)
-            while k:
-                k -= 1
-                if items[k][0] is a:
-                    del items[k]
+            _drop(items, a)
     items.append((out, _LAST_WRITE[0], out._spec.__dict__["_rides"]))  # rides() set it
     if len(items) > PENDING_MAX:
         del items[0]
@@ -1411,7 +1420,7 @@ def _together(x: DistTensor, dst: DistSpec, items: list) -> Any:
     key = rides(spec)
     if key is None:
         return None
-    plain = spec.__dict__.get("_plain") or spec.without_partials()
+    plain = spec.without_partials()
     if dst is not plain and dst != plain:
         return None
     size = local.nbytes
@@ -1440,23 +1449,12 @@ def _together(x: DistTensor, dst: DistSpec, items: list) -> Any:
         flat = DistSpec(key[0], key[1], (n,), key[2])
         whole = flat.without_partials()
         hit = _FLAT[(id(key), n)] = (flat, whole, _reshard.move(flat, whole))
-    packed = (
-        np.concatenate(parts)
-        if type(local) is np.ndarray
-        else _reshard._xp(local).concatenate(parts)
-    )
-    out = _reshard.execute(packed, *hit)
+    out = _reshard.execute(_reshard._xp(local).concatenate(parts), *hit)
     off = local.size
     for t in riders:
         a = t._local
-        value = out[off : off + a.size].reshape(a.shape)
+        _remember(t, t._spec.without_partials(), out[off : off + a.size].reshape(a.shape))
         off += a.size
-        memo = t._moved
-        if memo is None:
-            memo = t._moved = {}
-        # a fresh array, never written: its write counter is 1 (autograd.version)
-        plain = t._spec.__dict__.get("_plain") or t._spec.without_partials()
-        memo[plain] = (a, value, autograd.version(a), 1)
     return out[: local.size].reshape(local.shape)
 
 

@@ -165,6 +165,12 @@ def assert_grid(
     return counts[0]
 
 
+def on_mesh(mesh_shape: Sequence[int], fn) -> Any:
+    """``fn(mesh)`` on simulated ranks of the mesh ``mesh_shape`` (``mesh_of``): the one result
+    every rank returns (``every_rank``)."""
+    return every_rank(dt.simulate(math.prod(mesh_shape), lambda: fn(mesh_of(mesh_shape))))
+
+
 def every_rank(results: list) -> Any:
     """The one result of a ``dt.simulate`` run whose ranks must all return the same (global
     values, placements, counts): rank 0's, after checking every other rank's equals it."""

@@ -6,20 +6,14 @@ rank returning the same."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
-from op_cases import MESH_SHAPES, every_rank, make_input, mesh_of
+from op_cases import MESH_SHAPES, make_input
+from op_cases import on_mesh as on
 
 import disttensor as dt
 
 S0, R = dt.Shard(0), dt.Replicate()
-
-
-def on(mesh_shape, fn):
-    n = math.prod(mesh_shape)
-    return every_rank(dt.simulate(n, lambda: fn(mesh_of(mesh_shape))))
 
 
 def rows(mesh):

@@ -9,18 +9,14 @@ import math
 import numpy as np
 import pytest
 from mpirun import run_script
-from op_cases import MESH_SHAPES, every_rank, make_input, mesh_of
+from op_cases import MESH_SHAPES, make_input
+from op_cases import on_mesh as on
 
 import disttensor as dt
 from disttensor import tensor as dt_tensor
 
 S0, R, PSUM = dt.Shard(0), dt.Replicate(), dt.Partial()
 G = np.arange(1.0, 8.0)  # 7: uneven on every mesh
-
-
-def on(mesh_shape, fn):
-    n = math.prod(mesh_shape)
-    return every_rank(dt.simulate(n, lambda: fn(mesh_of(mesh_shape))))
 
 
 def counted(fn):
