@@ -30,7 +30,7 @@ from . import _philox, backend, comm
 from .mesh import ProcessMesh
 from .placement import Placement, Replicate
 from .spec import DistSpec
-from .tensor import DistTensor, agree_on_mesh, check_world, from_spec_block
+from .tensor import DistTensor, agree_on_mesh, check_world, code_of, from_spec_block, token
 
 
 def _spec(
@@ -55,10 +55,12 @@ def _factory(fill):
         spec = _spec(shape, np.float64 if dtype is None else dtype, mesh, placements, fill.__name__)
         be = backend.current()
         f = fill if not be.device else getattr(be.xp, fill.__name__)  # made on the device
-        return from_spec_block(
+        out = from_spec_block(
             lambda sl: f(tuple(s.stop - s.start for s in sl), spec.dtype), spec, requires_grad, be
         )
+        return _named(out, code, spec.shape, spec.dtype)
 
+    code = code_of(fill.__name__)
     make.__name__ = fill.__name__
     make.__doc__ = f"The global tensor of ``np.{fill.__name__}(shape, dtype)``, local shard only."
     return make
@@ -82,12 +84,25 @@ def full(
     dtype = np.asarray(fill_value).dtype if dtype is None else dtype
     spec = _spec(shape, dtype, mesh, placements, "full")
     be = backend.current()
-    return from_spec_block(
+    out = from_spec_block(
         lambda sl: be.xp.full(tuple(s.stop - s.start for s in sl), fill_value, spec.dtype),
         spec,
         requires_grad,
         be,
     )
+    return _named(out, _FULL, spec.shape, spec.dtype, token(fill_value))
+
+
+def _named(out: DistTensor, *made: Any) -> DistTensor:
+    """``out`` with the lineage of how it was made (Note [Lineage names the tensor] in
+    tensor.py): a factory's code and arguments."""
+    out._lin = hash(tuple(token(m) for m in made))
+    return out
+
+
+_FULL = code_of("full")
+_ARANGE = code_of("arange")
+_RANDOM = code_of("random")
 
 
 def arange(
@@ -120,7 +135,8 @@ def arange(
             out[0] = first
         return out
 
-    return from_spec_block(block, spec, requires_grad)
+    out = from_spec_block(block, spec, requires_grad)
+    return _named(out, _ARANGE, spec.shape, spec.dtype, token(first), token(delta))
 
 
 # -- random ------------------------------------------------------------------------------------
@@ -170,9 +186,10 @@ def _random(draw, kind: int, name: str):
         agree_on_mesh(
             spec.mesh, "random draw", (f"seed {s}", f"stream {stream}", spec.shape, spec.placements)
         )
-        return from_spec_block(
+        out = from_spec_block(
             lambda sl: draw(s, stream, spec.shape, sl, dtype), spec, requires_grad
         )
+        return _named(out, _RANDOM, s, stream, spec.shape, dtype)
 
     make.__name__ = name
     return make
@@ -214,10 +231,12 @@ def _like(name: str, fill):
         spec = _like_spec(a, dtype, shape, device, name)
         be = backend.of(a.to_local())  # like a: on its device
         f = fill if not be.device else getattr(be.xp, fill.__name__)
-        return from_spec_block(
+        out = from_spec_block(
             lambda sl: f(tuple(s.stop - s.start for s in sl), spec.dtype), spec, requires_grad, be
         )
+        return _named(out, code, spec.shape, spec.dtype)
 
+    code = code_of(fill.__name__)
     make.__name__ = make.__qualname__ = name
     return make
 
@@ -273,11 +292,13 @@ def full_like(
     value = np.asarray(fill_value)
     if value.ndim:  # an array broadcast to the shape (numpy's error when it does not fit)
         value = np.broadcast_to(value, spec.shape)
-        return from_spec_block(lambda sl: value[sl], spec, requires_grad, be)
+        out = from_spec_block(lambda sl: value[sl], spec, requires_grad, be)
+        return _named(out, _FULL, spec.shape, spec.dtype, token(value))
     fill = value if not be.device else value[()]  # a device takes a scalar, not a host array
-    return from_spec_block(
+    out = from_spec_block(
         lambda sl: be.xp.full(tuple(s.stop - s.start for s in sl), fill, spec.dtype),
         spec,
         requires_grad,
         be,
     )
+    return _named(out, _FULL, spec.shape, spec.dtype, token(value))

@@ -31,14 +31,14 @@ from .autograd import GRADIENTS as _GRADIENTS
 from .autograd import NOT_DIFFERENTIABLE as _NOT_DIFFERENTIABLE
 from .autograd import _memo  # Note [One move per input]
 from .comm import _ctx as _comm_ctx
-from .comm.agree import _doing, doing, fixed_item
+from .comm.agree import Stack, _doing, doing, fixed_item
 from .explain import HOOKS as _explain
 from .mesh import different_meshes
 from .placement import Replicate
 from .reshard import move as _reshard_move
 from .spec import DistSpec
 from .spmd import TensorSpec, get_rule
-from .tensor import DistTensor, moved, note_partial, remembered, rides
+from .tensor import _NAN, DistTensor, code_of, moved, note_partial, remembered, rides, stamp, token
 
 log = logging.getLogger("disttensor")
 
@@ -159,8 +159,8 @@ def _forget(key: tuple, _ref: Any) -> None:
 
 
 class _Entry:
-    __slots__ = ("dense", "hows", "keeps", "label", "last", "mesh", "movable", "plan", "pos",
-                 "refs", "simple")  # fmt: skip
+    __slots__ = ("code", "dense", "hows", "keeps", "label", "last", "mesh", "movable", "plan",
+                 "pos", "refs", "simple")  # fmt: skip
 
     def __init__(
         self, op: Op, specs: tuple, plan: tuple, pos: tuple, nargs: int, key: tuple
@@ -168,6 +168,7 @@ class _Entry:
         forget = functools.partial(_forget, key)
         self.refs = tuple(weakref.ref(s, forget) for s in specs)  # the entry dies with them
         self.mesh = specs[0].mesh
+        self.code = _code(op, key[1])  # of its results' lineage (Note [Lineage names the tensor])
         self.plan = plan
         self.pos = pos
         self.dense = len(pos) == nargs  # every argument a DistTensor
@@ -198,6 +199,25 @@ class _Entry:
         self.keeps = keeps if keeps and not op.moves_only and op.name not in _VIEWS else None
 
 
+def _code(op: Op, items: tuple) -> int:
+    """What ``op`` with attributes ``items`` (``tuple(attrs.items())``) puts in its results'
+    lineage, the same on every rank (Note [Lineage names the tensor] in tensor.py)."""
+    key = (op, items)
+    try:
+        code = _CODES.get(key)
+    except TypeError:  # an unhashable attribute: worked out each time
+        code = None
+        key = None
+    if code is None:
+        code = hash((code_of(op.name), *[token(x) for item in items for x in item]))
+        if key is not None:
+            if len(_CODES) >= 4096:
+                _CODES.clear()
+            _CODES[key] = code
+    return code
+
+
+_CODES: dict[tuple, int] = {}
 _cache: dict[tuple, Any] = {}
 _CACHE_LIMIT = 65536
 _NO_ATTRS = ()
@@ -260,11 +280,13 @@ def _call(op: Op, *args: Any, **attrs: Any) -> Any:
         gx, gy = x.requires_grad, y.requires_grad
         grad = gx or gy
         inputs = args if gx and gy else None  # None: worked out when recording
+        form = 2  # which arguments the result's lineage hashes
     elif n == 1 and isinstance(x := args[0], DistTensor):
         key = (op, key, id(x._spec))
         kargs = [first := x._local]
         grad = x.requires_grad
         inputs = args
+        form = 1
     elif (
         n == 3
         and isinstance(x := args[0], DistTensor)
@@ -278,19 +300,23 @@ def _call(op: Op, *args: Any, **attrs: Any) -> Any:
         gx, gy, gz = x.requires_grad, y.requires_grad, z.requires_grad
         grad = gx or gy or gz
         inputs = (x if gx else None, y if gy else None, z if gz else None)
+        form = 3
     elif n == 2 and type(y := args[1]) in _SCALARS and isinstance(x := args[0], DistTensor):
         key = (op, key, id(x._spec), None)  # the key _mixed_key makes, spelled out: x * 2
         kargs = [first := x._local, y]
         grad = x.requires_grad
         inputs = None
+        form = 4
     elif n == 2 and type(x := args[0]) in _SCALARS and isinstance(y := args[1], DistTensor):
         key = (op, key, None, id(y._spec))  # 1 - x
         kargs = [x, first := y._local]
         grad = y.requires_grad
         inputs = None
+        form = 5
     else:
         key, kargs, grad, first = _mixed_key(op, key, args)
         inputs = None
+        form = 0
     try:
         entry = _cache.get(key) if key is not None else None
     except TypeError:  # unhashable attributes: decide every time
@@ -332,6 +358,19 @@ def _call(op: Op, *args: Any, **attrs: Any) -> Any:
                     result = _as_array(result, t)
             if result.dtype is last[3] and result.shape == last[5]:
                 out = DistTensor(result, last[4])
+                # its lineage, as _finish makes it (Note [Lineage names the tensor])
+                if form == 2:
+                    out._lin = hash((entry.code, x._lin, y._lin))
+                elif form == 1:
+                    out._lin = hash((entry.code, x._lin))
+                elif form == 4:
+                    out._lin = hash((entry.code, x._lin, y if y == y else _NAN))
+                elif form == 3:
+                    out._lin = hash((entry.code, x._lin, y._lin, z._lin))
+                elif form == 5:
+                    out._lin = hash((entry.code, x if x == x else _NAN, y._lin))
+                else:
+                    out._lin = hash((entry.code, *[token(a) for a in args]))
                 if grad and last[6] and autograd._state.enabled:
                     if inputs is None:
                         inputs = _inputs(args, entry.pos)
@@ -366,12 +405,15 @@ def binary(op: Op, x: Any, y: Any) -> Any:
                 return _call(op, x, y)
             key = (op, _NO_ATTRS, id(x._spec), id(y._spec))
             grad = x.requires_grad or y.requires_grad
+            lx, ly = x._lin, y._lin  # Note [Lineage names the tensor]
         elif ty in _SCALARS and type(xl) is _ND:
             key, yl, grad = (op, _NO_ATTRS, id(x._spec), None), y, x.requires_grad
+            lx, ly = x._lin, y if y == y else _NAN
         else:
             return _call(op, x, y)
     elif ty is DistTensor and tx in _SCALARS and type(yl := y._local) is _ND:
         key, xl, grad = (op, _NO_ATTRS, None, id(y._spec)), x, y.requires_grad
+        lx, ly = x if x == x else _NAN, y._lin
     else:
         return _call(op, x, y)
     entry = _cache.get(key)
@@ -383,6 +425,7 @@ def binary(op: Op, x: Any, y: Any) -> Any:
                 result = np.asarray(result)  # a numpy scalar of 0-d shards
             if result.dtype is last[3] and result.shape == last[5]:
                 out = DistTensor(result, last[4])
+                out._lin = hash((entry.code, lx, ly))
                 if last[9]:  # Note [Small reductions ride together] in tensor.py
                     note_partial(out, (x, y))
                 return out
@@ -406,7 +449,7 @@ def _fast_moves(entry: _Entry, args: tuple, kargs: list) -> bool:
         return False
     stack = _doing.stack
     if stack is None:
-        stack = _doing.stack = []
+        stack = _doing.stack = Stack()
     stack.append(entry.label)
     try:
         _move(entry.pos, [args[i] for i in entry.pos], entry.plan[3], kargs, entry.hows)
@@ -449,6 +492,7 @@ def _reduced(entry: _Entry, args: tuple) -> list | None:
             if sub is None:
                 sub = list(args)
             sub[i] = DistTensor(value, plain)
+            sub[i]._lin = a._lin  # the same value (Note [Lineage names the tensor])
     return sub
 
 
@@ -661,6 +705,9 @@ def _finish(op, args, attrs, entry, plan, mesh, coord, kargs, result, tensors, p
     array type; ``extra``: what a saving kernel kept, Note [Saved for backward])."""
     targets, out_placements, out_shapes, moves, out_specs = plan
     out = _wrap(op, result, mesh, coord, out_placements, out_shapes, out_specs, t)
+    # Note [Lineage names the tensor]: the fast path makes the same hash
+    code = entry.code if entry is not None else _code(op, tuple(attrs.items()) if attrs else ())
+    stamp(out, hash((code, *[token(a) for a in args])))
     # a small Partial result's ride key (Note [Small reductions ride together] in tensor.py);
     # an op that only moves elements makes views, which would keep their bases alive
     pends = None

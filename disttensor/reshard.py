@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from . import backend, comm
-from .comm.agree import _doing, fixed_item
+from .comm.agree import Stack, _doing, fixed_item
 from .explain import HOOKS as _explain
 from .placement import Partial, Placement, Replicate, Shard, commutes
 from .spec import DistSpec, contiguous, split_offset, split_sizes
@@ -191,11 +191,15 @@ def move(spec: DistSpec, dst: DistSpec) -> Move:
     return Move(spec, dst)
 
 
-def execute(local: Any, spec: DistSpec, dst: DistSpec, how: Move | None = None) -> Any:
+def execute(
+    local: Any, spec: DistSpec, dst: DistSpec, how: Move | None = None, lin: int | None = None
+) -> Any:
     """This rank's local array of ``dst`` given its local array of ``spec`` (collective).
     The result is an array of ``local``'s backend: numpy's, or a device's (its buffers move
     as they are; Note [Array backends] in backend.py). ``how``: ``move(spec, dst)``, where
-    the caller has it."""
+    the caller has it; ``lin``: the lineage of the tensor moved, for the agreement check
+    (Note [Lineage names the tensor] in tensor.py; not across meshes, where a rank outside
+    the source mesh may not know it)."""
     if how is None:
         how = move(spec, dst)
     # for the message when ranks diverge, and in the fingerprint (Note [Ranks agree before a
@@ -204,8 +208,11 @@ def execute(local: Any, spec: DistSpec, dst: DistSpec, how: Move | None = None) 
     item = (describe, (spec, dst)) if _explain.active else how.item  # doing()'s item
     stack = _doing.stack
     if stack is None:
-        stack = _doing.stack = []
+        stack = _doing.stack = Stack()
     stack.append(item)
+    named = stack.lin  # the tensor an enclosing move is for: back when this one ends
+    if lin is not None:
+        stack.lin = None if how.cross else lin
     try:
         world = comm.world()
         if how.cross:
@@ -225,6 +232,7 @@ def execute(local: Any, spec: DistSpec, dst: DistSpec, how: Move | None = None) 
         return local
     finally:
         stack.pop()
+        stack.lin = named
 
 
 def describe(spec: DistSpec, dst: DistSpec) -> str:

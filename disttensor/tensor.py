@@ -41,9 +41,9 @@ class DistTensor:
     """A global tensor sharded over a ProcessMesh. Build one with ``dt.shard_tensor``."""
 
     # _moved: None until the first move (Note [One move per tensor])
-    # _derived, _reads: Note [Picks read from their root]
-    __slots__ = ("_derived", "_grad", "_hooks", "_local", "_moved", "_node", "_reads", "_spec",
-                 "requires_grad", "__weakref__")  # fmt: skip
+    # _derived, _reads: Note [Picks read from their root]; _lin: Note [Lineage names the tensor]
+    __slots__ = ("_derived", "_grad", "_hooks", "_lin", "_local", "_moved", "_node", "_reads",
+                 "_spec", "requires_grad", "__weakref__")  # fmt: skip
 
     def __init__(self, local: np.ndarray, spec: DistSpec, requires_grad: bool = False) -> None:
         self._local = local
@@ -54,6 +54,7 @@ class DistTensor:
         self._hooks = None  # a leaf's gradient hooks (autograd.register_hook)
         self._moved: dict | None = None  # set, not left unset: reading an unset slot raises
         self._derived: tuple | None = None
+        self._lin = 0  # made by no op the lineage knows (Note [Lineage names the tensor])
 
     @property
     def grad(self) -> DistTensor | None:
@@ -76,7 +77,9 @@ class DistTensor:
 
     def detach(self) -> DistTensor:
         """The same shard and spec, cut from the graph (no gradient flows through it)."""
-        return DistTensor(self._local, self._spec)
+        out = DistTensor(self._local, self._spec)
+        out._lin = self._lin  # the same value (Note [Lineage names the tensor])
+        return out
 
     def requires_grad_(self, requires_grad: bool = True) -> DistTensor:
         """Set ``requires_grad`` in place; returns ``self``."""
@@ -1017,8 +1020,11 @@ def shard_tensor(
         raise TypeError(f"shard_tensor needs numeric data, got an object array from {data!r:.80}")
     spec = DistSpec.make(mesh, placements, arr.shape, arr.dtype, what="shard_tensor")
     values = arr if check is not False or agree.DEBUG else None  # DEBUG: hunting a divergence
-    _agree_on(spec, "shard_tensor", values, force=bool(check))
-    return from_spec_block(lambda slices: arr[slices].copy(), spec, requires_grad, on)
+    crc = _agree_on(spec, "shard_tensor", values, force=bool(check))
+    out = from_spec_block(lambda slices: arr[slices].copy(), spec, requires_grad, on)
+    # the data the ranks agreed on names it (Note [Lineage names the tensor])
+    out._lin = hash((_SHARD_TENSOR, spec.shape, crc))
+    return out
 
 
 # Note [Replicas agree]
@@ -1053,16 +1059,19 @@ def agree_on_mesh(mesh: ProcessMesh, what: str, key: tuple, force: bool = False)
         comm.group(tuple(mesh.process_ids)).agree(what, key)
 
 
-def _agree_on(spec: DistSpec, what: str, values: Any = None, force: bool = False) -> None:
+def _agree_on(spec: DistSpec, what: str, values: Any = None, force: bool = False) -> int:
     """The ranks of ``spec``'s mesh check they hold the same spec, and a crc32 of ``values``
     when given (Note [Replicas agree]); ``force``: even with the check off. Nothing (no hash
-    either) on a 1-rank mesh or on ranks outside it."""
+    either) on a 1-rank mesh or on ranks outside it. Returns the crc32 agreed on, else 0."""
     if not (agree.CHECK or force) or spec.mesh.size == 1 or comm.get_rank() not in spec.mesh:
-        return
+        return 0
     key: tuple = (spec.shape, spec.dtype, spec.placements)
+    crc = 0
     if values is not None:
-        key += (f"values crc32 {_crc32(values):#010x}",)
+        crc = _crc32(values)
+        key += (f"values crc32 {crc:#010x}",)
     agree_on_mesh(spec.mesh, what, key, force=True)
+    return crc
 
 
 def _crc32(values: Any) -> int:
@@ -1216,6 +1225,9 @@ def reshard(x: DistTensor, mesh: ProcessMesh, placements: Sequence[Placement]) -
     if how is None:  # the same layout
         return x
     out = DistTensor(moved(x, dst, how=how), dst)
+    # the same value (Note [Lineage names the tensor]); a rank outside x's mesh may not know
+    # how x was made, so a tensor moved across meshes starts a lineage of its own
+    out._lin = hash((_CROSS, dst.shape)) if how.cross else x._lin
     if x.requires_grad and autograd._state.enabled:
         # the gradient goes back to the source placements, Partials read as Replicate
         # (Note [Partial gradients] in autograd.py)
@@ -1224,6 +1236,135 @@ def reshard(x: DistTensor, mesh: ProcessMesh, placements: Sequence[Placement]) -
             "reshard", (x,), (out,), lambda gs: (reshard(gs[0], back.mesh, back.placements),)
         )
     return out
+
+
+# Note [Lineage names the tensor]
+#     The agreement check (Note [Ranks agree before a collective] in comm/agree.py) compares
+#     what every rank is about to do, but the kind, size, op and specs of a call cannot tell
+#     two tensors of one layout apart: rank 0 gathering ``a`` while rank 1 gathers ``b`` of the
+#     same spec would exchange each other's data. So every DistTensor carries a lineage
+#     (``_lin``), a hash of how the program made it, the same on every rank:
+#     * an op's result hashes the op, its attributes and its arguments (``token``: a tensor by
+#       its own lineage; a Python or numpy scalar, string, slice or range by value; an array
+#       by its shape and dtype; anything else by its type). dispatch's fast paths make the
+#       same hash as its general path (``_finish``), and the i-th of several results
+#       ``hash((lin, i))``;
+#     * a ``shard_tensor`` leaf hashes the crc32 of its data that the ranks of its mesh agreed
+#       on (Note [Replicas agree]; 0 where none was made: a 1-rank mesh, ``check=False``);
+#       a factory its arguments (``dt.zeros``, ``dt.arange``, the seed and stream of
+#       ``dt.rand``);
+#     * a write in place mixes a write mark into the target's (``mutation._written``);
+#     * ``reshard``, ``detach`` and ``copy`` keep the source's: the value is the same.
+#     Each move of a tensor within its mesh (an op's input, ``dt.reshard``, ``numpy()``,
+#     ``print``, ``float``, a pending reduction riding along) passes its lineage to
+#     ``reshard.execute``, which hands it to the agreement check (``agree.Stack.lin``): it is
+#     folded into the fingerprint, and shown as ``tensor #...`` where it is what differs.
+#     The lineage depends on nothing a rank holds alone: no counters, ids or addresses
+#     (Python's str hash and, before 3.12, hash(None) differ by process, so names go through
+#     crc32; every NaN is one token). Two tensors made alike hold the same value, and moving
+#     one for the other is harmless. It cannot name what it does not know: shards wrapped by
+#     ``dtensor_from_local`` and the tensors the library builds itself (optimizer states, a
+#     loaded checkpoint) carry 0, so they and what the same ops make of them look alike; and
+#     a tensor moved across meshes starts a lineage of its own (a rank outside the source
+#     mesh may not know how the source was made), its move unnamed. A Python scalar that
+#     differs by rank (``x * rank``) makes another tensor on each rank, which raises at its
+#     next collective: dt's values are global, and such a program has no single-process
+#     value. The cost: a tuple hash per op result (about 0.1 us) and one per move.
+_NAN = 0x7FF8000000000001  # the token of every NaN: hash(nan) is per object
+_NONE = 0x4E4F4E45  # hash(None) is per process before Python 3.12
+_ELLIPSIS = 0x2E2E2E
+_SLICE = 0x534C4943
+_RANGE = 0x52414E47
+_ARRAY = 0x41525259
+_TOKEN_ITEMS = 64  # at most this many elements of a sequence go in
+
+
+def code_of(name: str) -> int:
+    """A name's stable code (crc32: Python's str hash differs by process)."""
+    return zlib.crc32(name.encode())
+
+
+_SHARD_TENSOR = code_of("shard_tensor")
+_CROSS = code_of("reshard across meshes")
+
+
+def token(v: Any) -> Any:
+    """What argument ``v`` adds to an op result's lineage, the same on every rank that passed
+    the same value (Note [Lineage names the tensor])."""
+    t = type(v)
+    if t is int:
+        return v
+    if t is DistTensor:
+        return v._lin
+    f = _TOKENS.get(t)
+    if f is not None:
+        return f(v)
+    if isinstance(v, DistTensor):  # a subclass (nn.Parameter)
+        return v._lin
+    if isinstance(v, np.generic):
+        return token(v.item()) if v.dtype.kind in "biufc" else zlib.crc32(str(v).encode())
+    if isinstance(v, np.ndarray) or t in backend.ARRAYS:  # a view type, a device array
+        return _array(v)
+    if isinstance(v, np.dtype):
+        return _dtype(v)
+    if isinstance(v, type):
+        return zlib.crc32(f"{v.__module__}.{v.__qualname__}".encode())
+    if isinstance(v, (int, float, complex)):  # subclasses (an IntEnum)
+        return hash(v) if v == v else _NAN
+    return zlib.crc32(t.__qualname__.encode())  # by type: a repr may hold an address
+
+
+def _number(v: Any) -> Any:
+    return v if v == v else _NAN
+
+
+def _sequence(v: Any) -> int:
+    return hash((len(v), *map(token, v[:_TOKEN_ITEMS])))
+
+
+def _slice(v: Any) -> int:
+    a, b, c = v.start, v.stop, v.step
+    return hash((_SLICE, _NONE if a is None else token(a), _NONE if b is None else token(b),
+                 _NONE if c is None else token(c)))  # fmt: skip
+
+
+def _array(v: Any) -> int:
+    """An array argument: its shape and dtype (its values stay unread: a pass over them
+    would cost as much as the op)."""
+    return hash((_ARRAY, tuple(v.shape), _dtype(v.dtype)))
+
+
+def _dtype(d: Any) -> int:
+    code = _DTYPES.get(d)
+    if code is None:
+        code = _DTYPES[d] = zlib.crc32(np.dtype(d).str.encode())
+    return code
+
+
+_DTYPES: dict[Any, int] = {}
+_TOKENS: dict[type, Any] = {
+    bool: int,
+    float: _number,
+    complex: _number,
+    str: lambda v: zlib.crc32(v.encode()),
+    type(None): lambda v: _NONE,
+    tuple: _sequence,
+    list: _sequence,
+    slice: _slice,
+    range: lambda v: hash((_RANGE, v.start, v.stop, v.step)),
+    type(Ellipsis): lambda v: _ELLIPSIS,
+    np.ndarray: _array,
+}
+
+
+def stamp(out: Any, lin: int) -> None:
+    """Give an op's result ``out`` (a DistTensor, or a tuple or list of results) lineage
+    ``lin``, the i-th element of a sequence ``hash((lin, i))``."""
+    if isinstance(out, DistTensor):
+        out._lin = lin
+    elif type(out) is tuple or type(out) is list:
+        for i, o in enumerate(out):
+            stamp(o, hash((lin, i)))
 
 
 # Note [One move per tensor]
@@ -1284,14 +1425,14 @@ def moved(x: DistTensor, dst: DistSpec, chain: tuple | None = None, how: Any = N
                 how = _reshard.move(spec, dst)
             # reduced with pending ones (Note [Small reductions ride together]), or alone
             local = _together(x, dst, items) if items else None
-            if local is None:
-                local = _reshard.execute(x._local, spec, dst, how)
+            if local is None:  # named by its lineage (Note [Lineage names the tensor])
+                local = _reshard.execute(x._local, spec, dst, how, x._lin)
         else:  # dispatch's bool Partials: reduced first
             if items:
                 items.clear()  # a move: what was pending before it no longer rides
             local = x._local
             for step in chain:
-                local, spec = _reshard.execute(local, spec, step), step
+                local, spec = _reshard.execute(local, spec, step, None, x._lin), step
             how = _reshard.move(x._spec, dst)
         keep = not how.gathers or how.nbytes <= MEMO_GATHER_BYTES
     if keep:
@@ -1305,7 +1446,10 @@ def _remember(x: DistTensor, dst: DistSpec, local: Any) -> None:
     if memo is None:
         memo = x._moved = {}
     source = x._local
-    memo[dst] = (source, local, autograd.version(source), autograd.version(local))
+    if _LAST_WRITE[0] == 1:  # nothing written yet in this process: autograd.version's 1
+        memo[dst] = (source, local, 1, 1)
+    else:
+        memo[dst] = (source, local, autograd.version(source), autograd.version(local))
 
 
 def _drop(items: list, t: Any) -> None:
@@ -1449,7 +1593,7 @@ def _together(x: DistTensor, dst: DistSpec, items: list) -> Any:
         flat = DistSpec(key[0], key[1], (n,), key[2])
         whole = flat.without_partials()
         hit = _FLAT[(id(key), n)] = (flat, whole, _reshard.move(flat, whole))
-    out = _reshard.execute(_reshard._xp(local).concatenate(parts), *hit)
+    out = _reshard.execute(_reshard._xp(local).concatenate(parts), *hit, x._lin)
     off = local.size
     for t in riders:
         a = t._local

@@ -8,8 +8,9 @@ before a collective]): each field of a call counts, and so does what the library
   every rank, the same message naming both ranks' calls; equal calls pass and move their data.
   So do ranks whose collectives have the same kind, dtype and size but another reason (rank 0
   prints x while rank 1 reshards y; rank 0 gathers a while rank 1 gathers b of the same
-  shape), and calls whose payload does not ride in MPI's envelope (Note [The check rides
-  along]): large buffers, one rank's small and another's large. A small collective carried
+  shape, or of the very same spec: the tensors' lineages differ), and calls whose payload
+  does not ride in MPI's envelope (Note [The check rides along]): large buffers, one rank's
+  small and another's large. A small collective carried
   in the envelope computes what MPI computes for a large one, dtype by dtype.
   The cases run on 2 simulated ranks and under mpiexec on 2 ranks (one launch runs them all),
   each with the default fingerprint and with the full descriptions of ``DISTTENSOR_DEBUG=1``.
@@ -319,6 +320,62 @@ def _gather_a_or_b_shape(w, rank):
     (a if rank == 0 else b).numpy()
 
 
+def _gather_a_or_b_same_spec(w, rank):
+    """The issue's case the specs cannot tell: rank 0 gathers a while rank 1 gathers b of the
+    very same spec (the same all-gather of 4 + 4 float64, for the same reason). The tensors'
+    lineages differ (Note [Lineage names the tensor] in tensor.py)."""
+    a, b = _mesh_and((np.arange(8.0), dt.Shard(0)), (np.arange(8.0) + 8, dt.Shard(0)))
+    (a if rank == 0 else b).numpy()
+
+
+def _gather_derived_same_spec(w, rank):
+    """As above, the tensors made by different ops from one tensor."""
+    (x,) = _mesh_and((np.arange(8.0), dt.Shard(0)))
+    a, b = x + 1, np.exp(x)
+    print(a if rank == 0 else b)
+
+
+def _scalar_differs_by_rank(w, rank):
+    """One op on every rank, with a Python scalar that differs by rank: no single-process
+    value, so another tensor on each rank."""
+    (x,) = _mesh_and((np.arange(8.0), dt.Shard(0)))
+    dt.reshard(x * (2.0 + rank), x.mesh, [dt.Replicate()])
+
+
+def _reduce_pair(w, rank):
+    """_reduce_d_or_e_fast's warm-up: both products reduced on both ranks."""
+    p, q = _mesh_and((np.arange(4.0), dt.Shard(0)), (np.arange(4.0) + 4, dt.Shard(0)))
+    rs = dt.shard_tensor(np.float64(2.0), p.mesh, [dt.Replicate()])
+    for _ in range(3):
+        rs / (p @ p)
+        rs / (q @ q)
+    return p, q, rs
+
+
+def _reduce_d_or_e_fast(w, rank, warm):
+    """``rs / d`` on rank 0 and ``rs / e`` on rank 1, d and e Partial scalars of one spec,
+    through the dispatch fast path (its decisions cached by the warm-up): the same op, the
+    same all-reduce, for another tensor. d and e ride in it together (Note [Small reductions
+    ride together] in tensor.py), each rank's own first: without the lineage, rank 0 would
+    take e's sum for d's."""
+    p, q, rs = warm
+    d, e = p @ p, q @ q
+    rs / (d if rank == 0 else e)
+
+
+def _same_tensor_other_paths(w, rank):
+    """Equal calls: the same tensor made on rank 0 by dispatch's fast paths (its decisions
+    cached by calls that communicate nothing, made there alone) and on rank 1 by the general
+    path: its lineage does not depend on the path, so the gather passes."""
+    (x,) = _mesh_and((np.arange(8.0), dt.Shard(0)))
+    if rank == 0:
+        for _ in range(3):
+            np.clip(x + x * 2.0, 1, 9) - 1
+    y = np.clip(x + x * 2.0, 1, 9) - 1
+    got = y.numpy()
+    assert np.array_equal(got, np.clip(np.arange(8.0) * 3, 1, 9) - 1), got
+
+
 def _divide_and_exp(w, rank):
     """_divide_or_exp_fast's warm-up: both ops called on both ranks, so that their
     decisions are cached."""
@@ -591,6 +648,40 @@ CASES = [
         ),
         warm=_divide_and_exp,
     ),
+    Case(
+        "gather_a_or_b_same_spec",
+        _gather_a_or_b_same_spec,
+        (
+            DIFFERENT_CALLS,
+            "rank 0: numpy() > tensor #",
+            "rank 1: numpy() > tensor #",
+            "> reshard [Shard(dim=0)] -> [Replicate()] of (8,) float64 on mesh (2,) > "
+            "all_gather float64, (4, 4) (call #",
+            "ranks that show different numbers move different tensors",
+        ),
+    ),
+    Case(
+        "gather_derived_same_spec",
+        _gather_derived_same_spec,
+        (DIFFERENT_CALLS, "rank 0: print (repr) > numpy() > tensor #", "different tensors"),
+    ),
+    Case(
+        "scalar_differs_by_rank",
+        _scalar_differs_by_rank,
+        (DIFFERENT_CALLS, "rank 0: tensor #", "rank 1: tensor #", "Python scalars on each rank"),
+    ),
+    Case(
+        "reduce_d_or_e_fast",
+        _reduce_d_or_e_fast,
+        (
+            DIFFERENT_CALLS,
+            "rank 0: divide of () float64 [Replicate()], () float64 [Partial(reduce_type='sum')] "
+            "> tensor #",
+            "> reshard [Partial(reduce_type='sum')] -> [Replicate()] of (2,) float64",
+        ),
+        warm=_reduce_pair,
+    ),
+    Case("same_tensor_other_paths", _same_tensor_other_paths),
     Case("equal_calls", _equal_calls),
     Case("unchecked_reductions", _unchecked_reductions),
     Case("equal_calls_large", _equal_calls_large),

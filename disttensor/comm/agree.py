@@ -11,10 +11,13 @@ Note [Ranks agree before a collective]
       op, root, and what the library is doing (the ``doing`` items the upper layers set: the
       op with its inputs' shapes, dtypes and placements, the reshard with its source and
       target specs and mesh, printing, ``numpy()``, ``float()``, backward, a DataParallel
-      bucket, ...). So two ranks that make collectives of one kind and size for different
-      reasons (rank 0 prints x while rank 1 reshards y; rank 0 gathers a while rank 1 gathers
-      b of another shape or placements) differ too. The user's source line is left out: ranks
-      may make the same call from different lines (``if rank == 0: print(x) else: str(x)``).
+      bucket, ...), and the lineage of the tensor a move is for (Note [Lineage names the
+      tensor] in tensor.py: a hash of the ops, arguments and data that made it). So two
+      ranks that make collectives of one kind and size for different reasons (rank 0 prints
+      x while rank 1 reshards y; rank 0 gathers a while rank 1 gathers b of another shape or
+      placements, or of the very same spec) differ too. The user's source line is left out:
+      ranks may make the same call from different lines (``if rank == 0: print(x) else:
+      str(x)``).
       How the fingerprints travel is Note [The check rides along]: under MPI, in the same
       message as a small collective's data. Point-to-point sends are not checked.
     * On a mismatch every rank of the group (all of them reached the check) exchanges a
@@ -79,9 +82,12 @@ Note [The check rides along]
     rank 1, under Open MPI, a half-reduced buffer); the envelope 3.77 us, since MPICH's
     all-gather of 2 KiB is cheaper than its all-reduce of 32 bytes. So the envelope.
 
-    What the fingerprint cannot hold is which tensor a call is for: rank 0 gathering a while
-    rank 1 gathers b of the very same spec (shape, dtype, placements, mesh) for the same
-    reason still pass; the layers above would have to name the tensor in their ``doing``.
+    Which tensor a call is for, ``reshard.execute`` names: it sets the moved tensor's lineage
+    on the thread's ``Stack`` (``lin``), which is folded into the fingerprint apart from the
+    items (so a plan's cached fold of the items, ``mpi._folded``, stays good) and shown as
+    ``tensor #...`` before the move's item, in messages only where it is what differs
+    (``diverged``). Tensors the lineage does not know look alike (Note [Lineage names the
+    tensor]).
 
     Simulated ranks (comm/threads.py) meet in every collective anyway: the fingerprint
     travels in the collective's own exchange. A device communicator (comm/nccl.py) checks
@@ -93,6 +99,7 @@ Note [The check rides along]
 from __future__ import annotations
 
 import os
+import re
 import sys
 import threading
 import zlib
@@ -124,8 +131,22 @@ def set_checks(on: bool | None = None, debug: bool | None = None) -> tuple[bool,
 
 
 # -- what the library is doing: set by the layers above (tensor, dispatch, reshard) -----------
+class Stack(list):
+    """What the library is doing on this thread: the ``doing`` items, outermost first, and in
+    ``lin`` the lineage of the tensor a move is for (Note [Lineage names the tensor] in
+    tensor.py), or None: folded into the fingerprint apart from the items, so a plan's
+    cached fold of them stays good (mpi._folded), and named before the innermost item (the
+    move's) in descriptions."""
+
+    __slots__ = ("lin",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin: int | None = None
+
+
 class _Doing(threading.local):
-    stack: list | None = None
+    stack: Stack | None = None
 
 
 _doing = _Doing()
@@ -150,7 +171,7 @@ class doing:
     def __enter__(self) -> None:
         stack = _doing.stack
         if stack is None:
-            stack = _doing.stack = []
+            stack = _doing.stack = Stack()
         stack.append(self.item)
 
     def __exit__(self, *exc: Any) -> None:
@@ -162,7 +183,11 @@ def context() -> str:
     stack = _doing.stack
     if not stack:
         return ""
-    return " > ".join(_describe(item[0], item[1]) for item in stack)
+    parts = [_describe(item[0], item[1]) for item in stack]
+    lin = stack.lin
+    if lin is not None:
+        parts.insert(len(parts) - 1, f"tensor #{lin & MASK:016x}")
+    return " > ".join(parts)
 
 
 def fixed_item(what: str | Callable[..., str], *args: Any) -> tuple:
@@ -231,6 +256,9 @@ def in_context(fp: int) -> int:
         for item in stack:  # in order: "numpy() > reshard" is not "reshard > numpy()"
             h = (h * _MIX + _item_hash(item)) & MASK
         fp ^= h
+        lin = stack.lin  # the moved tensor's, apart (mpi._folded keeps the items' fold)
+        if lin is not None:
+            fp ^= (lin * _MIX) & MASK
     return fp
 
 
@@ -307,6 +335,12 @@ _COLLECTIVES = (
     "with other shapes or placements per rank, diverges them"
 )
 
+_TENSOR = re.compile(r"tensor #[0-9a-f]{16} > ")
+_TENSORS = (
+    ". 'tensor #...' names the tensor a rank moves by a hash of the ops, arguments and data "
+    "that made it: ranks that show different numbers move different tensors (made by other "
+    "ops, or from other data or Python scalars on each rank)"
+)
 
 # called (no arguments) on each rank that is about to raise RanksDiverged: what the layers
 # above keep per rank that the ranks' next calls depend on starts over (tensor.py's pending
@@ -318,14 +352,21 @@ def diverged(calls: list[tuple[str, str]], ranks: tuple[int, ...]) -> RanksDiver
     """The error every rank raises: each rank's (kind, description), one per line."""
     for fn in WHEN_DIVERGED:
         fn()
-    lines = "\n".join(f"  rank {r}: {text}" for r, (_, text) in zip(ranks, calls))
+    # the moved tensors' numbers (Note [Lineage names the tensor] in tensor.py) are shown only
+    # where they are what differs: the calls are otherwise alike
+    texts = [text for _, text in calls]
+    plain = [_TENSOR.sub("", text) for text in texts]
+    calls_of = {t.split(" (call #")[0] for t in texts}
+    tensors = len({t.split(" (call #")[0] for t in plain}) == 1 < len(calls_of)
+    shown = texts if tensors else plain
+    lines = "\n".join(f"  rank {r}: {text}" for r, text in zip(ranks, shown))
     kinds = {kind for kind, _ in calls}
     kind = kinds.pop() if len(kinds) == 1 else None
     if kind in HINTS:
         return RanksDiverged(
             f"ranks {list(ranks)} passed {kind} different values:\n{lines}\n{HINTS[kind]}"
         )
+    hint = _COLLECTIVES + _TENSORS if tensors else _COLLECTIVES
     return RanksDiverged(
-        f"ranks {list(ranks)} were about to make different collective calls:\n{lines}\n"
-        + _COLLECTIVES
+        f"ranks {list(ranks)} were about to make different collective calls:\n{lines}\n" + hint
     )

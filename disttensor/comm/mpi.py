@@ -33,7 +33,8 @@ import numpy as np
 
 from ..backend import DEVICE_ARRAYS, of
 from . import agree
-from .agree import _doing
+from .agree import _MIX, _doing
+from .agree import MASK as _MASK
 from .base import Communicator, Work, _observers, displacements, equal_counts, record
 from .watchdog import WATCH
 
@@ -186,12 +187,16 @@ def _folded(plan: list, at: int, fp: int) -> int:
     stack = _doing.stack
     first, second, folded = plan[at]
     n = len(stack)
-    if first is stack[0] and (second is None if n == 1 else n == 2 and second is stack[1]):
-        return folded
-    folded = agree.in_context(fp)
-    if n <= 2:
-        plan[at] = (stack[0], stack[1] if n == 2 else None, folded)
-    return folded
+    lin = stack.lin  # the moved tensor's (Note [Lineage names the tensor] in tensor.py)
+    if not (first is stack[0] and (second is None if n == 1 else n == 2 and second is stack[1])):
+        stack.lin = None  # the items' fold alone is kept
+        try:
+            folded = agree.in_context(fp)
+        finally:
+            stack.lin = lin
+        if n <= 2:
+            plan[at] = (stack[0], stack[1] if n == 2 else None, folded)
+    return folded if lin is None else folded ^ ((lin * _MIX) & _MASK)
 
 
 def _host(a: Any, b: Any) -> bool:

@@ -67,7 +67,7 @@ from .. import reshard as _reshard
 from ..accounting import outside_rules
 from ..placement import Partial, Replicate
 from ..spmd.shape_rules import broadcast_shapes, canonical_key, index_layout, within
-from ..tensor import DistTensor, reshard
+from ..tensor import DistTensor, code_of, reshard
 from . import indexing
 
 
@@ -152,12 +152,16 @@ def _written(target: DistTensor) -> None:
     """After a write into ``target``'s local array: note it for autograd, and write a copy
     that stands for a numpy view through to its source."""
     autograd.note_mutation(target._local)
+    target._lin = hash((_WRITE, target._lin))  # another value (Note [Lineage names the tensor])
     hit = _copy_of(target)
     if hit is not None:
         source, key = hit
         with autograd.no_grad():
             write_region(source, key, target)
         _written(source)
+
+
+_WRITE = code_of("written")
 
 
 def is_view_of(out_spec, in_spec) -> bool:

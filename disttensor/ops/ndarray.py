@@ -328,6 +328,7 @@ def copy(x: Any, order: str = "C") -> Any:
     if not isinstance(x, DistTensor):
         return np.copy(x, order=order)
     out = DistTensor(x._local.copy(), x._spec)
+    out._lin = x._lin  # the same value (Note [Lineage names the tensor] in tensor.py)
     if x.requires_grad and autograd.is_grad_enabled():
         autograd.record("copy", (x,), (out,), lambda gs: (gs[0],))
     return out
@@ -342,6 +343,7 @@ def deepcopy(x: DistTensor, memo: dict) -> DistTensor:
 
     out = type(x).__new__(type(x))
     DistTensor.__init__(out, x._local.copy(), x._spec, x.requires_grad and x.is_leaf)
+    out._lin = x._lin
     memo[id(x)] = out
     if x.grad is not None:
         out.grad = copy_module.deepcopy(x.grad, memo)
