@@ -1253,6 +1253,9 @@ def reshard(x: DistTensor, mesh: ProcessMesh, placements: Sequence[Placement]) -
 #       on (Note [Replicas agree]; 0 where none was made: a 1-rank mesh, ``check=False``);
 #       a factory its arguments (``dt.zeros``, ``dt.arange``, the seed and stream of
 #       ``dt.rand``);
+#     * a result that a numpy function's implementation (``__array_function__``), a slice of
+#       a split axis or an advanced index built without dispatch hashes the call
+#       (``name_unnamed``);
 #     * a write in place mixes a write mark into the target's (``mutation._written``);
 #     * ``reshard``, ``detach`` and ``copy`` keep the source's: the value is the same.
 #     Each move of a tensor within its mesh (an op's input, ``dt.reshard``, ``numpy()``,
@@ -1301,8 +1304,8 @@ def token(v: Any) -> Any:
         return f(v)
     if isinstance(v, DistTensor):  # a subclass (nn.Parameter)
         return v._lin
-    if isinstance(v, np.generic):
-        return token(v.item()) if v.dtype.kind in "biufc" else zlib.crc32(str(v).encode())
+    if isinstance(v, np.generic):  # types _TOKENS lacks: a datetime, a string, ...
+        return zlib.crc32(str(v).encode("utf-8", "surrogatepass"))
     if isinstance(v, np.ndarray) or t in backend.ARRAYS:  # a view type, a device array
         return _array(v)
     if isinstance(v, np.dtype):
@@ -1346,7 +1349,7 @@ _TOKENS: dict[type, Any] = {
     bool: int,
     float: _number,
     complex: _number,
-    str: lambda v: zlib.crc32(v.encode()),
+    str: lambda v: zlib.crc32(v.encode("utf-8", "surrogatepass")),
     type(None): lambda v: _NONE,
     tuple: _sequence,
     list: _sequence,
@@ -1355,6 +1358,43 @@ _TOKENS: dict[type, Any] = {
     type(Ellipsis): lambda v: _ELLIPSIS,
     np.ndarray: _array,
 }
+# numpy's numeric scalars hash as the Python values they equal (a NaN is one token)
+for _t in (np.float16, np.float32, np.float64, np.longdouble, np.complex64, np.complex128,
+           np.clongdouble):  # fmt: skip
+    _TOKENS[_t] = _number
+for _t in (np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
+           np.uint64, np.intc, np.uintc, np.longlong, np.ulonglong):  # fmt: skip
+    _TOKENS[_t] = int
+
+
+def name_unnamed(out: Any, name: str, args: tuple, kwargs: dict) -> Any:
+    """``out``, a public function's result, with the lineage of the call (its name and
+    arguments) given to each result tensor that has none: one its implementation built
+    itself, not through dispatch (a sort's, a concatenation's). An argument handed back
+    (``np.asanyarray(x)``) keeps its own: a call that only one rank makes must not rename
+    it. Returns ``out``."""
+    if isinstance(out, DistTensor):
+        if out._lin or _among(out, args, kwargs):
+            return out
+    elif type(out) is not tuple and type(out) is not list:
+        return out
+    named = [code_of(k) for k in kwargs]
+    lin = hash((code_of(name), *map(token, args), *named, *map(token, kwargs.values())))
+    if isinstance(out, DistTensor):
+        out._lin = lin
+    else:
+        for i, o in enumerate(out):
+            if isinstance(o, DistTensor) and not o._lin and not _among(o, args, kwargs):
+                o._lin = hash((lin, i))
+    return out
+
+
+def _among(t: DistTensor, args: tuple, kwargs: dict) -> bool:
+    """Whether tensor ``t`` is one of the arguments (or in a list or tuple of them)."""
+    for a in (*args, *kwargs.values()):
+        if a is t or ((type(a) is list or type(a) is tuple) and any(e is t for e in a)):
+            return True
+    return False
 
 
 def stamp(out: Any, lin: int) -> None:

@@ -335,6 +335,14 @@ def _gather_derived_same_spec(w, rank):
     print(a if rank == 0 else b)
 
 
+def _gather_slices_same_spec(w, rank):
+    """Two slices of a split axis, ``u[1:]`` and ``u[:-1]``: one spec, made without dispatch
+    (their rows move between ranks), named by the slice; the sort gathers its input."""
+    (u,) = _mesh_and((np.arange(9.0), dt.Shard(0)))
+    a, b = u[1:], u[:-1]
+    np.sort(a if rank == 0 else b).numpy()
+
+
 def _scalar_differs_by_rank(w, rank):
     """One op on every rank, with a Python scalar that differs by rank: no single-process
     value, so another tensor on each rank."""
@@ -664,6 +672,11 @@ CASES = [
         "gather_derived_same_spec",
         _gather_derived_same_spec,
         (DIFFERENT_CALLS, "rank 0: print (repr) > numpy() > tensor #", "different tensors"),
+    ),
+    Case(
+        "gather_slices_same_spec",
+        _gather_slices_same_spec,
+        (DIFFERENT_CALLS, "rank 0: tensor #", "rank 1: tensor #", "different tensors"),
     ),
     Case(
         "scalar_differs_by_rank",

@@ -164,3 +164,44 @@ def test_lineage_is_the_same_in_every_process():
         got.append(out.stdout)
     assert got[0] == got[1]
     assert len(set(eval(got[0]))) == len(eval(got[0]))  # every tensor its own
+
+
+def test_numpy_scalars_count_as_the_values_they_equal():
+    """A numpy scalar operand (``x * lr`` with lr a float64) hashes as its value, NaN as one
+    token, and a long double (whose ``item()`` is a long double again) works."""
+    from disttensor.tensor import token
+
+    x = _x()
+    assert token(np.float32(0.5)) == token(0.5) and token(np.int8(-3)) == token(-3)
+    assert token(np.float64("nan")) == token(float("nan")) == token(np.float32("nan"))
+    assert (x * np.float64(2))._lin == (x * 2.0)._lin == (x * np.longdouble(2))._lin
+    assert (x + np.clongdouble(1))._lin != (x + 2)._lin
+    assert token("a\udc80") != token("a")  # a lone surrogate is hashed, not an error
+
+
+def test_results_built_without_dispatch_are_named_alike_on_every_rank():
+    """Slices of a split axis and numpy functions whose implementations build their results
+    themselves (sort, cumsum, concatenate, pad) are named by the call: the same on every rank,
+    another for another call."""
+
+    def lineages():
+        mesh = dt.ProcessMesh([0, 1])
+        u = dt.shard_tensor(np.arange(9.0), mesh, [dt.Shard(0)])
+        w = dt.shard_tensor(np.arange(9.0)[::-1].copy(), mesh, [dt.Shard(0)])
+        made = (u[1:], u[:-1], np.sort(u), np.sort(w), np.cumsum(u), np.concatenate([u, w]),
+                np.pad(u, 1), dt.full_like(u, 1.0), dt.full_like(u, 2.0))  # fmt: skip
+        return [t._lin for t in made]
+
+    mine, theirs = dt.simulate(2, lineages)
+    assert mine == theirs
+    assert 0 not in mine and len(set(mine)) == len(mine)
+
+
+def test_an_argument_handed_back_keeps_its_lineage():
+    """A numpy function that returns its argument (``np.atleast_1d`` of a 1-d tensor), alone
+    or in a list, does not rename it: only one rank may have made the call, which moves
+    nothing."""
+    m = dt.dtensor_from_local(np.arange(4.0), MESH, [dt.Shard(0)])  # a tensor of lineage 0
+    assert m._lin == 0
+    assert np.atleast_1d(m) is m and m._lin == 0
+    assert all(t is m for t in np.atleast_1d(m, m)) and m._lin == 0

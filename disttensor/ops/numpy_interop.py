@@ -31,7 +31,7 @@ from numpy.lib.array_utils import normalize_axis_index
 
 from .. import creation
 from ..dispatch import fallback
-from ..tensor import DistTensor
+from ..tensor import DistTensor, name_unnamed
 from . import linalg as la
 from . import mutation
 from . import reduction as red
@@ -644,14 +644,17 @@ def array_function(func, args, kwargs):
     entry = NUMPY_TABLE.get(func)
     if entry is not None:
         try:
-            return entry.impl(*args, **kwargs)
+            out = entry.impl(*args, **kwargs)
         except Unsupported as e:  # numpy arguments we do not take (dtype=, order=, ...)
-            return fallback(_display(func), func, args, kwargs, _not_taken(e))
+            out = fallback(_display(func), func, args, kwargs, _not_taken(e))
         except TypeError as e:
             if entry.writes or isinstance(e, DtypeRefused):
                 raise
-            return fallback(_display(func), func, args, kwargs, _not_taken(e))
-    return fallback(_display(func), func, args, kwargs)
+            out = fallback(_display(func), func, args, kwargs, _not_taken(e))
+    else:
+        out = fallback(_display(func), func, args, kwargs)
+    # Note [Lineage names the tensor] in tensor.py: what dispatch did not make, the call names
+    return name_unnamed(out, func.__name__, args, kwargs)
 
 
 _OUT_AT: dict = {}  # numpy function -> index of a positional ``out`` parameter, or None

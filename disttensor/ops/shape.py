@@ -39,7 +39,7 @@ from ..spmd.shape_rules import (
     squeeze_shape,
     within,
 )
-from ..tensor import DistTensor, derive
+from ..tensor import DistTensor, code_of, derive, name_unnamed, token
 from . import indexing, mutation
 
 
@@ -338,6 +338,9 @@ def _basic(k: Any) -> bool:
     return isinstance(k, (int, np.integer)) and not isinstance(k, (bool, np.bool_))
 
 
+_SLICED = code_of("getitem of a split axis")
+
+
 def getitem(x, key):
     """``x[key]`` for ints, slices (any step), None and Ellipsis: see the getitem rule in
     spmd/shape_rules.py for the layout. Integer-array and boolean keys use the replicate
@@ -351,19 +354,21 @@ def getitem(x, key):
     else:
         if not all(_basic(k) for k in (key if isinstance(key, tuple) else (key,))):
             out = indexing.gather_by_index(x, key)  # Note [Gathers by index]
-            if out is not None:
-                return out
+            if out is not None:  # named by the call (Note [Lineage names the tensor])
+                return name_unnamed(out, "getitem", (x, key), {})
             reason = "integer-array or boolean key: the tensor gathered"
             key = indexing.host_key("x[key]", x, key)  # device arrays in it: host metadata
-            return fallback(
+            out = fallback(
                 "getitem[advanced]", operator.getitem, (x, key), {}, reason,
                 on_device=indexing.device_getitem,
             )  # fmt: skip
+            return name_unnamed(out, "getitem", (x, key), {})
         route = _route(spec, key)
     ckey = route[0]
     out = _sliced_split(x, ckey) if route[1] else None
     if out is not None:  # rows moved between ranks: a copy (Note [Copies where numpy has views])
         mutation.remember_copy(out, x, ckey)
+        out._lin = hash((_SLICED, x._lin, token(ckey)))  # Note [Lineage names the tensor]
         return out
     out = OPS["getitem"](x, key=ckey)
     ospec = out._spec
