@@ -246,3 +246,59 @@ def test_operators_take_the_fast_path_as_the_general_path_does(monkeypatch):
                 assert placements == result[name][0][2], name
         np.testing.assert_array_equal(result["grad"], np.full(7, 3.0))
         assert result["generic"] == [] and result["with grad"] == ["multiply"], result
+
+
+@pytest.mark.parametrize("mesh_shape", [(1,), (2,), (3,), (2, 2)])
+def test_array_operands_take_the_fast_path_with_numpys_values(mesh_shape, monkeypatch):
+    """A numpy array among an op's arguments (Note [Array operands of one spec]): repeated
+    calls give numpy's values, dtypes and the first call's placements and lineage, and after
+    the first they do not reach the general path; a call with a gradient to record keeps it
+    (its gradient is numpy's), and an array of another shape or dtype decides again."""
+    labels = np.array([0, 2, 1, 4, 4, 3, 0])  # 7 rows: uneven, and an empty shard on 4 ranks
+    X = np.arange(21.0).reshape(7, 3)
+    k = np.arange(5)[None, :]
+    mask = np.triu(np.full((3, 3), -1.0), k=1)
+    general = threading.local()
+    general.n = 0
+    real = dispatch._general
+
+    def counting(*args):
+        general.n = getattr(general, "n", 0) + 1
+        return real(*args)
+
+    monkeypatch.setattr(dispatch, "_general", counting)
+    size = int(np.prod(mesh_shape))
+
+    def body():
+        mesh = dt.ProcessMesh(np.arange(size).reshape(mesh_shape))
+        first = [dt.Shard(0)] + [dt.Replicate()] * (len(mesh_shape) - 1)
+        lab = dt.shard_tensor(labels, mesh, first)
+        x = dt.shard_tensor(X, mesh, first)
+        s = dt.shard_tensor(X.T @ X, mesh, [dt.Replicate()] * len(mesh_shape))
+        calls = {
+            "onehot": (lambda: lab[:, None] == k, labels[:, None] == k),
+            "masked": (lambda: s + mask, X.T @ X + mask),
+            "reversed": (lambda: mask * s, mask * (X.T @ X)),
+            "where": (lambda: np.where(mask < 0, s, mask), np.where(mask < 0, X.T @ X, mask)),
+            "float32": (lambda: x - np.ones(3, np.float32), X - np.ones(3, np.float32)),
+            "int row": (lambda: x * np.arange(3), X * np.arange(3)),
+        }
+        out = {}
+        for name, (fn, want) in calls.items():
+            got = [fn()]
+            general.n = 0
+            got += [fn(), fn()]
+            out[name] = (general.n, want, [(r.numpy(), r.dtype, r.placements, r._lin) for r in got])
+        w = dt.shard_tensor(X, mesh, first, requires_grad=True)
+        (w * np.arange(3.0)).sum().backward()
+        out["grad"] = w.grad.numpy()
+        return out
+
+    for result in dt.simulate(size, body):
+        for name, (decided, want, got) in ((n, r) for n, r in result.items() if n != "grad"):
+            assert decided == 0, (name, decided)  # the first call alone decided
+            for value, dtype, placements, lin in got:
+                np.testing.assert_array_equal(value, want, err_msg=name)
+                assert dtype == want.dtype, (name, dtype)
+                assert (placements, lin) == got[0][2:], name
+        np.testing.assert_array_equal(result["grad"], np.tile(np.arange(3.0), (7, 1)))
