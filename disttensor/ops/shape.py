@@ -365,10 +365,13 @@ def getitem(x, key):
             return name_unnamed(out, "getitem", (x, key), {})
         route = _route(spec, key)
     ckey = route[0]
-    out = _sliced_split(x, ckey) if route[1] else None
+    out = _sliced_split(x, ckey, route[3]) if route[1] else None
     if out is not None:  # rows moved between ranks: a copy (Note [Copies where numpy has views])
         mutation.remember_copy(out, x, ckey)
-        out._lin = hash((_SLICED, x._lin, token(ckey)))  # Note [Lineage names the tensor]
+        lin = route[4]  # Note [Lineage names the tensor]
+        if lin is None:
+            lin = route[4] = hash((_SLICED, token(ckey)))
+        out._lin = hash((lin, x._lin))
         return out
     out = OPS["getitem"](x, key=ckey)
     ospec = out._spec
@@ -393,8 +396,10 @@ _ROUTES_PER_SPEC = 64
 
 
 def _route(spec: DistSpec, key: Any) -> list:
-    """[canonical key, whether the spec splits an axis, (output spec, is a view) or None]."""
-    return [canonical_key(spec.shape, key), spec.has_shard(), None]
+    """[canonical key, whether the spec splits an axis, (output spec, is a view) or None,
+    the sliced-split plans per rank (Note [Slice plans kept on the spec]), the key's part of
+    a sliced-split result's lineage or None]."""
+    return [canonical_key(spec.shape, key), spec.has_shard(), None, {}, None]
 
 
 def _picked(spec: DistSpec) -> bool:
@@ -417,12 +422,16 @@ def _picked(spec: DistSpec) -> bool:
 # gradient is the write of g into zeros of x's layout (ops/mutation.py), the same move back.
 # Keys with an int on a split axis, and Partial inputs, keep the getitem rule (which picks
 # into zeros, Partial(sum), or gathers).
-def _sliced_split(x: DistTensor, ckey: tuple) -> DistTensor | None:
+def _sliced_split(x: DistTensor, ckey: tuple, plans: dict) -> DistTensor | None:
+    """``x[ckey]`` moving the rows each rank's slice needs, or None where the getitem rule
+    takes the key; ``plans``: per rank, what the key works out on x's spec (its route's)."""
     spec = x._spec
     rank = comm.get_rank()
-    plan = spec.kept(  # Note [Slice plans kept on the spec]
-        "_slices", (ckey, rank), lambda: _slice_plan(spec, ckey, rank), _SLICES_PER_SPEC
-    )
+    plan = plans.get(rank)  # Note [Slice plans kept on the spec]
+    if plan is None:
+        if len(plans) >= _SLICES_PER_SPEC:
+            plans.clear()
+        plan = plans[rank] = _slice_plan(spec, ckey, rank)
     if plan is _BY_RULE:
         return None
     out_spec, fetch, index, coord, shape = plan
@@ -450,10 +459,11 @@ def _sliced_split(x: DistTensor, ckey: tuple) -> DistTensor | None:
 # A stencil slices the same tensor the same way every step (``u[2:, 1:-1]``), and the tensor
 # is the same object, or one whose spec is the same cached object. So what a slice of a split
 # axis works out (the output spec, which boxes each rank fetches from where, the index into
-# the fetched box) is kept in a small dict on the input's spec, per (canonical key, rank):
-# the next call only moves the rows and indexes them, and its output has the same spec object,
-# which the dispatch cache of the ops after it knows (Note [Dispatch fast path] in
-# dispatch.py). The dict dies with the spec and holds at most _SLICES_PER_SPEC keys.
+# the fetched box) is kept per rank in the key's route on the input's spec (Note [Getitem
+# routes kept on the spec]; ranks: dt.simulate's threads share the spec): the next call only
+# moves the rows and indexes them, and its output has the same spec object, which the
+# dispatch cache of the ops after it knows (Note [Dispatch fast path] in dispatch.py). The
+# plans die with the spec, at most _SLICES_PER_SPEC ranks' per route.
 _SLICES_PER_SPEC = 16
 _BY_RULE = "rule"  # a key the getitem rule takes (every split kept: a view; or Partial)
 
