@@ -90,7 +90,7 @@ def full(
         requires_grad,
         be,
     )
-    return _named(out, _FULL, spec.shape, spec.dtype, token(fill_value))
+    return _named(out, _FULL, spec.shape, spec.dtype, fill_value)
 
 
 def _named(out: DistTensor, *made: Any) -> DistTensor:
@@ -136,7 +136,7 @@ def arange(
         return out
 
     out = from_spec_block(block, spec, requires_grad)
-    return _named(out, _ARANGE, spec.shape, spec.dtype, token(first), token(delta))
+    return _named(out, _ARANGE, spec.shape, spec.dtype, first, delta)
 
 
 # -- random ------------------------------------------------------------------------------------
@@ -293,7 +293,7 @@ def full_like(
     if value.ndim:  # an array broadcast to the shape (numpy's error when it does not fit)
         value = np.broadcast_to(value, spec.shape)
         out = from_spec_block(lambda sl: value[sl], spec, requires_grad, be)
-        return _named(out, _FULL, spec.shape, spec.dtype, token(value))  # its shape only
+        return _named(out, _FULL, spec.shape, spec.dtype, value)  # its shape only
     fill = value if not be.device else value[()]  # a device takes a scalar, not a host array
     out = from_spec_block(
         lambda sl: be.xp.full(tuple(s.stop - s.start for s in sl), fill, spec.dtype),
@@ -301,4 +301,4 @@ def full_like(
         requires_grad,
         be,
     )
-    return _named(out, _FULL, spec.shape, spec.dtype, token(value[()]))
+    return _named(out, _FULL, spec.shape, spec.dtype, value[()])

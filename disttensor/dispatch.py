@@ -756,7 +756,9 @@ def _finish(op, args, attrs, entry, plan, mesh, coord, kargs, result, tensors, p
     targets, out_placements, out_shapes, moves, out_specs = plan
     out = _wrap(op, result, mesh, coord, out_placements, out_shapes, out_specs, t)
     # Note [Lineage names the tensor]: the fast path makes the same hash
-    code = entry.code if entry is not None else _code(op, tuple(attrs.items()) if attrs else ())
+    code = (
+        entry.code if entry is not None else _code(op, tuple(attrs.items()) if attrs else _NO_ATTRS)
+    )
     stamp(out, hash((code, *[token(a) for a in args])))
     # a small Partial result's ride key (Note [Small reductions ride together] in tensor.py);
     # an op that only moves elements makes views, which would keep their bases alive

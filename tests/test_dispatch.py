@@ -248,7 +248,7 @@ def test_operators_take_the_fast_path_as_the_general_path_does(monkeypatch):
         assert result["generic"] == [] and result["with grad"] == ["multiply"], result
 
 
-@pytest.mark.parametrize("mesh_shape", [(1,), (2,), (3,), (2, 2)])
+@pytest.mark.parametrize("mesh_shape", [(1,), (2,), (3,), (4,), (2, 2)])
 def test_array_operands_take_the_fast_path_with_numpys_values(mesh_shape, monkeypatch):
     """A numpy array among an op's arguments (Note [Array operands of one spec]): repeated
     calls give numpy's values, dtypes and the first call's placements and lineage, and after

@@ -252,14 +252,24 @@ def in_context(fp: int) -> int:
     does it; a caller that keeps the call's own fingerprint calls it directly)."""
     stack = _doing.stack
     if stack:
-        h = 0
-        for item in stack:  # in order: "numpy() > reshard" is not "reshard > numpy()"
-            h = (h * _MIX + _item_hash(item)) & MASK
-        fp ^= h
+        fp = with_items(fp, stack)
         lin = stack.lin  # the moved tensor's, apart (mpi._folded keeps the items' fold)
         if lin is not None:
-            fp ^= (lin * _MIX) & MASK
+            fp = with_tensor(fp, lin)
     return fp
+
+
+def with_items(fp: int, stack: Stack) -> int:
+    """Fingerprint ``fp`` with the items of ``stack`` folded in, not its ``lin``."""
+    h = 0
+    for item in stack:  # in order: "numpy() > reshard" is not "reshard > numpy()"
+        h = (h * _MIX + _item_hash(item)) & MASK
+    return fp ^ h
+
+
+def with_tensor(fp: int, lin: int) -> int:
+    """Fingerprint ``fp`` with the lineage ``lin`` of the moved tensor folded in."""
+    return fp ^ ((lin * _MIX) & MASK)
 
 
 _MIX = 0x100000001B3  # FNV's 64-bit prime

@@ -33,8 +33,7 @@ import numpy as np
 
 from ..backend import DEVICE_ARRAYS, of
 from . import agree
-from .agree import _MIX, _doing
-from .agree import MASK as _MASK
+from .agree import _doing
 from .base import Communicator, Work, _observers, displacements, equal_counts, record
 from .watchdog import WATCH
 
@@ -187,16 +186,12 @@ def _folded(plan: list, at: int, fp: int) -> int:
     stack = _doing.stack
     first, second, folded = plan[at]
     n = len(stack)
-    lin = stack.lin  # the moved tensor's (Note [Lineage names the tensor] in tensor.py)
     if not (first is stack[0] and (second is None if n == 1 else n == 2 and second is stack[1])):
-        stack.lin = None  # the items' fold alone is kept
-        try:
-            folded = agree.in_context(fp)
-        finally:
-            stack.lin = lin
+        folded = agree.with_items(fp, stack)  # the items' fold alone is kept
         if n <= 2:
             plan[at] = (stack[0], stack[1] if n == 2 else None, folded)
-    return folded if lin is None else folded ^ ((lin * _MIX) & _MASK)
+    lin = stack.lin  # the moved tensor's (Note [Lineage names the tensor] in tensor.py)
+    return folded if lin is None else agree.with_tensor(folded, lin)
 
 
 def _host(a: Any, b: Any) -> bool:
