@@ -81,6 +81,56 @@ def test_operator_updates_write_in_place_with_one_reduction():
         assert err in ("TypeError", "UFuncTypeError"), err  # numpy: a TypeError subclass
 
 
+@pytest.mark.parametrize("mesh_shape", [(2,), (3,), (4,), (2, 2)])
+def test_in_place_operators_reduce_a_partial_operand_first(mesh_shape):
+    """``w -= u``, ``w += u``, ``w *= u``, ``w /= u`` with u Partial (sum or max) and w not
+    Partial: u is reduced to w's layout first (numpy's order: the value of u, then the op),
+    one collective, an all-reduce into a whole target and a reduce-scatter into a split one
+    (uneven and empty shards included); the result is written into w's own array and its
+    values are numpy's on the gathered inputs."""
+    from op_cases import on_mesh
+
+    rng = np.random.default_rng(5)
+    ops = {"-=": np.subtract, "+=": np.add, "*=": np.multiply, "/=": np.true_divide}
+    cases = [  # (shape, target is split, Partial kind, operator, w's value, u's value)
+        (shape, split, kind, name, rng.standard_normal(shape) + 3.0,
+         np.round(rng.standard_normal(shape) * 8) / 8 + 4.0)  # Partial sums of it are exact
+        for shape in ((7,), (1, 3))  # (1, 3) split by rows: empty shards
+        for split in (False, True)
+        for kind in ("sum", "max")
+        for name in ops
+    ]  # fmt: skip
+
+    def body(mesh):
+        rest = [dt.Replicate()] * (mesh.ndim - 1)
+        out = []
+        for _, split, kind, name, wv, uv in cases:
+            target = [dt.Shard(0) if split else dt.Replicate(), *rest]
+            w = make_input(wv, mesh, target)
+            u = make_input(uv, mesh, [dt.Partial(kind), *rest])
+            local = w.to_local()
+            with dt.CommCounter() as cc:
+                if name == "-=":
+                    w -= u
+                elif name == "+=":
+                    w += u
+                elif name == "*=":
+                    w *= u
+                else:
+                    w /= u
+            out.append((w.to_local() is local, w.placements == target, dict(cc.counts),
+                        w.numpy()))  # fmt: skip
+        return out
+
+    got = on_mesh(mesh_shape, body)
+    for (shape, split, kind, name, wv, uv), (same, kept, counts, value) in zip(cases, got):
+        where = f"{name} {shape} {'split' if split else 'whole'} target, Partial({kind!r})"
+        assert same and kept, where
+        np.testing.assert_array_equal(value, ops[name](wv, uv), err_msg=where)
+        moves = "reduce_scatter" if split and mesh_shape[0] > 1 else "all_reduce"
+        assert counts == {moves: 1}, (where, counts)
+
+
 def test_writes_report_what_gathers():
     """Note [Communication outside rules]: a write whose key or value has no rule shows in
     CommCounter().fallbacks and dt.fallback_report(); a local write shows nothing."""

@@ -449,6 +449,13 @@ def inplace(ufunc: np.ufunc, target: DistTensor, other: Any) -> DistTensor:
         and not (autograd.is_grad_enabled() and (target.requires_grad or _needs_grad(other)))
         and (type(other) in _SCALARS or (type(other) is DistTensor and other.shape == target.shape))
     ):
+        if type(other) is DistTensor and _partial_into_whole(other, target):
+            # the sum first, as numpy computes it: ``w -= lr * g`` with a Partial gradient
+            # reduces it to the target's layout (an all-reduce, or a reduce-scatter into a
+            # split target), and the op's result is then laid out as the target and copied
+            # straight in; the op's rule would keep ``w - u`` Partial and move the result
+            with autograd.no_grad():
+                other = reshard(other, target.mesh, target.placements)
         result = (_EW or _ops_ew())[op](target, other)
         if result._spec == target._spec:  # same layout, shape and dtype: copy it in
             target._local[...] = result._local
@@ -468,6 +475,13 @@ def inplace(ufunc: np.ufunc, target: DistTensor, other: Any) -> DistTensor:
     result = array_ufunc(ufunc, "__call__", (target, other), {})
     write_out(ufunc.__name__, result, target, "same_kind")
     return target
+
+
+def _partial_into_whole(other: DistTensor, target: DistTensor) -> bool:
+    """Whether ``other`` is Partial on ``target``'s mesh and ``target`` is not Partial: the
+    in-place operators reduce it to the target's layout first."""
+    o, t = other._spec, target._spec  # without_partials: cached, the spec itself if none
+    return o.without_partials() is not o and t.without_partials() is t and o.mesh == t.mesh
 
 
 def _needs_grad(value: Any) -> bool:
