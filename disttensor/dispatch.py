@@ -443,18 +443,35 @@ _tensor._binary = binary  # DistTensor's operators call it
 
 def _fast_moves(entry: _Entry, args: tuple, kargs: list) -> bool:
     """The fast path's step 3 for an entry whose plan moves inputs (``entry.hows``): ``_move``
-    with the entry's planned moves, under its label for the agreement check (the general
-    path's ``_named``). False,
-    moving nothing, where the general path must run: dt.explain records, or a gradient
-    function's move memo is open."""
+    with the entry's planned one-step moves, written out, under its label for the agreement
+    check (the general path's ``_named``). False, moving nothing, where the general path
+    must run: dt.explain records, or a gradient function's move memo is open."""
     if _explain.active or _memo.table is not None:
         return False
     stack = _doing.stack
     if stack is None:
         stack = _doing.stack = Stack()
     stack.append(entry.label)
-    try:
-        _move(entry.pos, [args[i] for i in entry.pos], entry.plan[3], kargs, entry.hows)
+    try:  # _move written out for one-step moves: an input given twice (d * d) moves once
+        hows = entry.hows
+        moves = entry.plan[3]  # per input its chain: one target where it moves
+        done: list | None = None  # (tensor, move, its moved array) of this call's moves
+        for k, i in enumerate(entry.pos):
+            how = hows[k]
+            if how is None:  # does not move: kargs holds its local array
+                continue
+            t = args[i]
+            if done is not None:
+                for d in done:
+                    if d[0] is t and d[1] is how:
+                        kargs[i] = d[2]
+                        break
+                else:
+                    kargs[i] = local = moved(t, moves[k][0], None, how)
+                    done.append((t, how, local))
+                continue
+            kargs[i] = local = moved(t, moves[k][0], None, how)
+            done = [(t, how, local)]
     finally:
         stack.pop()
     return True

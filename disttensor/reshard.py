@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from . import backend, comm
+from .comm import _ctx as _comm_ctx
 from .comm.agree import Stack, _doing, fixed_item
 from .explain import HOOKS as _explain
 from .placement import Partial, Placement, Replicate, Shard, commutes
@@ -214,7 +215,7 @@ def execute(
     if lin is not None:
         stack.lin = None if how.cross else lin
     try:
-        world = comm.world()
+        world = _comm_ctx.world or comm._mpi_world or comm.world()  # comm.world(), inline
         if how.cross:
             return _cross_mesh(local, spec, dst, world.rank)
         hit = how.bound.get(id(world))

@@ -1710,13 +1710,13 @@ def _from_root(x: DistTensor, dst: DistSpec) -> Any:
     """Pick ``x``'s local array in the all-Replicate ``dst``, read from its root's whole value
     (None: take the ordinary move): Note [Picks read from their root]."""
     d = x._derived
-    if not all(p.is_replicate() for p in dst.placements) or not _intact(x, d):
+    if _whole(dst) is not dst or not _intact(x, d):  # dst not all Replicate
         return None
     root = d[0]()
     rspec = root._spec
     if rspec.mesh.get_coord(comm.get_rank()) is None:
         return None
-    full = _target(rspec.mesh, (Replicate(),) * rspec.mesh.ndim, rspec.shape, rspec.dtype)
+    full = _whole(rspec)
     whole = remembered(root, full)
     if whole is None:
         nbytes = math.prod(rspec.shape) * rspec.dtype.itemsize
@@ -1729,6 +1729,23 @@ def _from_root(x: DistTensor, dst: DistSpec) -> Any:
         whole = moved(root, full)
     for index in d[3]:
         whole = whole[index]
+    return whole
+
+
+def _whole(spec: DistSpec) -> DistSpec:
+    """``spec`` with every placement Replicate (the spec itself where they are), kept on it:
+    a Partial root's is its ``without_partials``, so a pick's read finds the reduced root
+    that a ride remembered by identity."""
+    whole = spec.__dict__.get("_whole")
+    if whole is None:
+        if all(p.is_replicate() for p in spec.placements):
+            whole = spec
+        elif not spec.has_shard():
+            whole = spec.without_partials()
+        else:
+            mesh = spec.mesh
+            whole = _target(mesh, (Replicate(),) * mesh.ndim, spec.shape, spec.dtype)
+        object.__setattr__(spec, "_whole", whole)
     return whole
 
 

@@ -119,17 +119,17 @@ class _Envelope:
 
     def reduction(self, dtype: np.dtype, shape: tuple, op: str, size: int) -> list:
         """MPIComm.allreduce's plan for a payload of ``dtype`` and ``shape`` that fits:
-        [this rank's payload, the call's fingerprint, byte size, key, the last doing items
-        (``_folded``), every rank's rows, the ufunc that reduces two rows in one call or None
-        for ``_reduce_rows``]."""
+        [this rank's payload, the call's fingerprint, byte size, key, the folds of the doing
+        items seen on the stack (``_folded``), every rank's rows, the ufunc that reduces two
+        rows in one call or None for ``_reduce_rows``]."""
         mine, rows = self.views(dtype, shape)
         n = int(np.prod(shape, dtype=np.int64))
         key = (dtype, n, op)  # the fingerprint's key: the same as the general path's
         one = size == 2 and op != "avg" and dtype.char not in "?e"  # _reduce_rows' common case
         fp = agree.FINGERPRINTS.get(("all_reduce", key)) or agree.fingerprint("all_reduce", key)
-        # as every carried plan: (slot view, fingerprint, byte size, key, the doing items last
-        # seen on the stack with fp folded in: _folded), then the kind's own parts
-        plan = [mine, fp, n * dtype.itemsize, key, (None, None, 0), rows,
+        # as every carried plan: (slot view, fingerprint, byte size, key, per pair of doing
+        # items seen on the stack fp with them folded in: _folded), then the kind's own parts
+        plan = [mine, fp, n * dtype.itemsize, key, {}, rows,
                 _UFUNCS[op] if one else None]  # fmt: skip
         if len(self.sums) > 256:
             self.sums.clear()
@@ -139,7 +139,7 @@ class _Envelope:
     def gathering(self, dtype: np.dtype, shape: tuple, counts: tuple, rank: int) -> list:
         """MPIComm.allgather's plan for this rank's part of ``dtype`` and ``shape`` and every
         rank's ``counts`` (each fits): [this rank's payload, the call's fingerprint, this
-        rank's byte size, key, the last doing items (as in ``reduction``), every rank's payload
+        rank's byte size, key, the folds (as in ``reduction``), every rank's payload
         (one array of rows where the counts are equal, else a list of rows), each row's
         bounds in the result or None]."""
         isz = dtype.itemsize
@@ -153,7 +153,7 @@ class _Envelope:
             bounds = [(end - n, end) for n, end in zip(counts, ends)]
         key = (dtype, counts)  # the fingerprint's key: the same as the general path's
         fp = agree.FINGERPRINTS.get(("all_gather", key)) or agree.fingerprint("all_gather", key)
-        plan = [mine, fp, counts[rank] * isz, key, (None, None, 0), rows, bounds]
+        plan = [mine, fp, counts[rank] * isz, key, {}, rows, bounds]
         if len(self.gathers) > 256:
             self.gathers.clear()
         self.gathers[shape, dtype, counts] = plan
@@ -180,16 +180,26 @@ class _Envelope:
 
 def _folded(plan: list, at: int, fp: int) -> int:
     """Fingerprint ``fp`` of a planned call with what the library is doing folded in
-    (``agree.in_context``), kept in ``plan[at]`` for the items last seen on the stack (a
-    reshard's one, or an op's label and its reshard's; compared by identity, so a repeated
-    call folds nothing)."""
+    (``agree.in_context``). The items' fold is kept in the dict ``plan[at]`` per pair of
+    items on the stack (a reshard's one, or an op's label and its reshard's; by identity:
+    the ops of a loop that make the same call, ``rs / d`` and ``rs_new / rs``, fold nothing
+    again)."""
     stack = _doing.stack
-    first, second, folded = plan[at]
     n = len(stack)
-    if not (first is stack[0] and (second is None if n == 1 else n == 2 and second is stack[1])):
-        folded = agree.with_items(fp, stack)  # the items' fold alone is kept
-        if n <= 2:
-            plan[at] = (stack[0], stack[1] if n == 2 else None, folded)
+    if n > 2:
+        folded = agree.with_items(fp, stack)
+    else:
+        first = stack[0]
+        second = stack[1] if n == 2 else None
+        seen = plan[at]
+        hit = seen.get((id(first), id(second)))
+        if hit is not None and hit[0] is first and hit[1] is second:
+            folded = hit[2]
+        else:
+            folded = agree.with_items(fp, stack)  # the items' fold alone is kept
+            if len(seen) >= 16:
+                seen.clear()
+            seen[id(first), id(second)] = (first, second, folded)
     lin = stack.lin  # the moved tensor's (Note [Lineage names the tensor] in tensor.py)
     return folded if lin is None else agree.with_tensor(folded, lin)
 

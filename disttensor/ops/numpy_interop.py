@@ -30,7 +30,7 @@ import numpy as np
 from numpy.lib.array_utils import normalize_axis_index
 
 from .. import creation
-from ..dispatch import fallback
+from ..dispatch import binary, fallback
 from ..tensor import DistTensor, name_unnamed
 from . import linalg as la
 from . import mutation
@@ -553,6 +553,10 @@ def array_ufunc(ufunc, method, inputs, kwargs):
 
     The fallback gathers the inputs and computes numpy's own result (or raises numpy's own
     error) on every rank, counted (Note [Communication outside rules])."""
+    if method == "__call__" and not kwargs:  # np.exp(x), np.maximum(x, 1): the op's call,
+        op = _UFUNCS.get(ufunc)  # two operands as the operators take them
+        if op is not None:
+            return binary(op, *inputs) if len(inputs) == 2 else op(*inputs)
     if kwargs.get("out") is not None:
         kwargs = dict(kwargs)
         out = kwargs.pop("out")

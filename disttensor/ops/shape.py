@@ -365,7 +365,11 @@ def getitem(x, key):
             return name_unnamed(out, "getitem", (x, key), {})
         route = _route(spec, key)
     ckey = route[0]
-    out = _sliced_split(x, ckey, route[3]) if route[1] else None
+    out = None
+    if route[1]:
+        out = _sliced_split(x, ckey, route[3])
+        if out is None:  # the rule takes the key, on every rank alike: from now on at once
+            route[1] = False
     if out is not None:  # rows moved between ranks: a copy (Note [Copies where numpy has views])
         mutation.remember_copy(out, x, ckey)
         lin = route[4]  # Note [Lineage names the tensor]
@@ -396,7 +400,8 @@ _ROUTES_PER_SPEC = 64
 
 
 def _route(spec: DistSpec, key: Any) -> list:
-    """[canonical key, whether the spec splits an axis, (output spec, is a view) or None,
+    """[canonical key, whether the key may take the sliced-split path (the spec splits an
+    axis; False once the rule took the key), (output spec, is a view) or None,
     the sliced-split plans per rank (Note [Slice plans kept on the spec]), the key's part of
     a sliced-split result's lineage or None]."""
     return [canonical_key(spec.shape, key), spec.has_shard(), None, {}, None]
