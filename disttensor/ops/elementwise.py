@@ -231,6 +231,11 @@ class _Checked(Op):
     """A numpy ufunc's op that runs numpy's dtype rules before dispatch (Note [numpy's
     ufuncs]): numpy's TypeError (or OverflowError) on every rank, before anything moves."""
 
+    def check(self, args: tuple) -> None:
+        """numpy's error for these operands' dtypes (and Python scalars), if it has one."""
+        with np.errstate(all="ignore"):
+            self.kernel(*map(_stand_in, args))  # raises where numpy raises
+
     def __call__(self, *args, **attrs):
         with np.errstate(all="ignore"):
             self.kernel(*map(_stand_in, args), **attrs)  # raises where numpy raises

@@ -36,7 +36,7 @@ from . import linalg as la
 from . import mutation
 from . import reduction as red
 from . import shape as sh
-from .elementwise import NUMPY_ONLY_OPS, DtypeRefused
+from .elementwise import NUMPY_ONLY_OPS, DtypeRefused, _Checked
 from .elementwise import OPS as EW
 from .elementwise import astype as _astype
 from .elementwise import clip as _clip
@@ -553,10 +553,14 @@ def array_ufunc(ufunc, method, inputs, kwargs):
 
     The fallback gathers the inputs and computes numpy's own result (or raises numpy's own
     error) on every rank, counted (Note [Communication outside rules])."""
-    if method == "__call__" and not kwargs:  # np.exp(x), np.maximum(x, 1): the op's call,
-        op = _UFUNCS.get(ufunc)  # two operands as the operators take them
+    if method == "__call__" and not kwargs:  # np.exp(x), np.maximum(x, 1): the op's call
+        op = _UFUNCS.get(ufunc)
         if op is not None:
-            return binary(op, *inputs) if len(inputs) == 2 else op(*inputs)
+            if len(inputs) != 2:
+                return op(*inputs)
+            if type(op) is _Checked:  # numpy's dtype rules first, as its call makes them
+                op.check(inputs)
+            return binary(op, *inputs)  # two operands as the operators take them
     if kwargs.get("out") is not None:
         kwargs = dict(kwargs)
         out = kwargs.pop("out")

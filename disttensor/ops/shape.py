@@ -439,19 +439,23 @@ def _sliced_split(x: DistTensor, ckey: tuple, plans: dict) -> DistTensor | None:
         plan = plans[rank] = _slice_plan(spec, ckey, rank)
     if plan is _BY_RULE:
         return None
-    out_spec, fetch, index, coord, shape = plan
-    piece = _reshard.deliver(x._local, spec, fetch)
-    xp = backend.xp(x._local)  # the shards' array module (Note [Array backends])
-    if coord is None:
-        local = xp.empty(shape, spec.dtype)
+    out_spec, fetch, index, coord, shape, own = plan
+    if own is not None:  # every row this rank's slice needs is its own: one copy of them
+        local = x._local[own][index].copy().reshape(shape)
     else:
-        local = piece[index]
-        local = xp.ascontiguousarray(local) if local.base is not None else local
-        local = local.reshape(shape)
+        piece = _reshard.deliver(x._local, spec, fetch)
+        if coord is None:
+            local = backend.xp(x._local).empty(shape, spec.dtype)
+        else:
+            local = piece[index]
+            if local.base is not None:
+                local = backend.xp(local).ascontiguousarray(local)
+            local = local.reshape(shape)
     out = DistTensor(local, out_spec)
     if x.requires_grad and autograd.is_grad_enabled():
 
         def backward(grads):
+            xp = backend.xp(x._local)  # the shards' array module (Note [Array backends])
             zeros = DistTensor(xp.zeros(spec.local_shape(coord), spec.dtype), spec)
             mutation.write_region(zeros, ckey, grads[0])
             return (zeros,)
@@ -475,8 +479,9 @@ _BY_RULE = "rule"  # a key the getitem rule takes (every split kept: a view; or 
 
 def _slice_plan(spec: DistSpec, ckey: tuple, rank: int) -> tuple | str:
     """(output spec, this rank's fetch plan, index into the fetched box, coordinate, local
-    shape) of
-    ``x[ckey]`` for a tensor of ``spec`` (Note [Slices of split axes]), or ``_BY_RULE``."""
+    shape, the index of the box in this rank's shard where the box is all its own rows or
+    None) of ``x[ckey]`` for a tensor of ``spec`` (Note [Slices of split axes]), or
+    ``_BY_RULE``."""
     mesh = spec.mesh
     entries = [k for k in ckey if k is not None]
     split = {p.dim for m, p in enumerate(spec.placements) if p.is_shard() and mesh.shape[m] > 1}
@@ -497,7 +502,13 @@ def _slice_plan(spec: DistSpec, ckey: tuple, rank: int) -> tuple | str:
     if coord is not None:
         index = _within_box(ckey, where, out_spec.local_box(coord), dict(wants)[rank])
     fetch = _reshard.fetch_plan(spec.without_partials(), wants, rank)
-    return out_spec, fetch, index, coord, out_spec.local_shape(coord)
+    box, copies, sends, recvs = fetch
+    own = None  # the index of this rank's shard where its one piece fills the box (no moves)
+    if box is not None and not sends and not recvs and len(copies) == 1:
+        piece, into = copies[0]
+        if all(s.start == 0 and s.stop == n for s, n in zip(into, box)):
+            own = piece
+    return out_spec, fetch, index, coord, out_spec.local_shape(coord), own
 
 
 def _source_box(ckey: tuple, where: dict, out_spec: DistSpec, coord) -> tuple:
