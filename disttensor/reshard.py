@@ -475,8 +475,10 @@ def fetch_plan(src: DistSpec, wants: tuple, rank: int) -> tuple:
     """What ``fetch`` does on ``rank`` for a source of plain spec ``src`` (no Partials):
     (the shape of the box it receives or None, its own pieces as (source index, index in the
     box), its sends as (source index, receiver), its receives as (shape, sender, index in
-    the box)); sends and receives in ``_transfers``' order, which is how each pair of ranks
-    matches its messages. Worked out once; callers that repeat a fetch keep it."""
+    the box), and the source index of the whole box where it is one piece of its own and
+    nothing moves, else None: the box is then a slice of its shard, no copy needed); sends
+    and receives in ``_transfers``' order, which is how each pair of ranks matches its
+    messages. Worked out once; callers that repeat a fetch keep it."""
     src_box = src.local_box(src.mesh.get_coord(rank))
     mine = next((box for r, box in wants if r == rank), None)
     copies, sends, recvs = [], [], []
@@ -490,7 +492,12 @@ def fetch_plan(src: DistSpec, wants: tuple, rank: int) -> tuple:
         elif receiver == rank:
             recvs.append((tuple(s.stop - s.start for s in box), sender, _within(box, mine)))
     shape = None if mine is None else tuple(n for _, n in mine)
-    return shape, tuple(copies), tuple(sends), tuple(recvs)
+    own = None
+    if shape is not None and not sends and not recvs and len(copies) == 1:
+        piece, into = copies[0]
+        if all(s.start == 0 and s.stop == n for s, n in zip(into, shape)):
+            own = piece
+    return shape, tuple(copies), tuple(sends), tuple(recvs), own
 
 
 def _within(box: tuple[slice, ...], mine: tuple[tuple[int, int], ...]) -> tuple[slice, ...]:
@@ -504,7 +511,7 @@ def deliver(local: Any, spec: DistSpec, plan: tuple) -> Any:
     plain = spec.without_partials()
     if plain is not spec and comm.get_rank() in spec.mesh:
         local = execute(local, spec, plain)
-    shape, copies, sends, recvs = plan
+    shape, copies, sends, recvs, _ = plan
     xp = _xp(local)  # every rank's ``local`` is of one backend, off the mesh too
     out = None if shape is None else xp.empty(shape, spec.dtype)
     for src, dst in copies:

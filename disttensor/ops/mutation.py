@@ -242,7 +242,13 @@ def write_region(target: DistTensor, ckey: tuple, value: Any) -> None:
     vshape = _value_shape_fits(tuple(_shape(value)), region)
     if isinstance(value, DistTensor):
         value = _as_region(value, vshape, region)
-        piece = _reshard.fetch(value._local, value._spec, wants)
+        vspec = value._spec
+        plain = vspec.without_partials()
+        fetch = _reshard.fetch_plan(plain, wants, rank)
+        if fetch[4] is not None and plain is vspec:  # the value's rows here are its own
+            target._local[mine[0]] = value._local[fetch[4]]  # (numpy minds an overlap)
+            return
+        piece = _reshard.deliver(value._local, vspec, fetch)
         if mine is None:
             return
         if piece is None:  # a Partial(sum) target off coordinate 0

@@ -502,13 +502,7 @@ def _slice_plan(spec: DistSpec, ckey: tuple, rank: int) -> tuple | str:
     if coord is not None:
         index = _within_box(ckey, where, out_spec.local_box(coord), dict(wants)[rank])
     fetch = _reshard.fetch_plan(spec.without_partials(), wants, rank)
-    box, copies, sends, recvs = fetch
-    own = None  # the index of this rank's shard where its one piece fills the box (no moves)
-    if box is not None and not sends and not recvs and len(copies) == 1:
-        piece, into = copies[0]
-        if all(s.start == 0 and s.stop == n for s, n in zip(into, box)):
-            own = piece
-    return out_spec, fetch, index, coord, out_spec.local_shape(coord), own
+    return out_spec, fetch, index, coord, out_spec.local_shape(coord), fetch[4]
 
 
 def _source_box(ckey: tuple, where: dict, out_spec: DistSpec, coord) -> tuple:
