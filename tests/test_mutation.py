@@ -84,10 +84,11 @@ def test_operator_updates_write_in_place_with_one_reduction():
 @pytest.mark.parametrize("mesh_shape", [(2,), (3,), (4,), (2, 2)])
 def test_in_place_operators_reduce_a_partial_operand_first(mesh_shape):
     """``w -= u``, ``w += u``, ``w *= u``, ``w /= u`` with u Partial (sum or max) and w not
-    Partial: u is reduced to w's layout first (numpy's order: the value of u, then the op),
-    one collective, an all-reduce into a whole target and a reduce-scatter into a split one
-    (uneven and empty shards included); the result is written into w's own array and its
-    values are numpy's on the gathered inputs."""
+    Partial, of one float dtype: u is reduced to w's layout first (numpy's order: the value
+    of u, then the op), one collective, an all-reduce into a whole target and a
+    reduce-scatter into a split one (uneven and empty shards included); the result is
+    written into w's own array and its values are numpy's on the gathered inputs, bit for
+    bit. An int target and a float Partial raise numpy's casting error before any move."""
     from op_cases import on_mesh
 
     rng = np.random.default_rng(5)
@@ -120,9 +121,20 @@ def test_in_place_operators_reduce_a_partial_operand_first(mesh_shape):
                     w /= u
             out.append((w.to_local() is local, w.placements == target, dict(cc.counts),
                         w.numpy()))  # fmt: skip
-        return out
+        # an int target and a float Partial: numpy's casting error, before anything moves
+        i = make_input(np.arange(7), mesh, [dt.Replicate(), *rest])
+        u = make_input(np.full(7, 0.5), mesh, [dt.Partial(), *rest])
+        with dt.CommCounter() as cc:
+            try:
+                i -= u
+                err = None
+            except TypeError as e:  # numpy's UFuncTypeError is one
+                err = str(e)
+        return out, (err, cc.total, i.numpy())
 
-    got = on_mesh(mesh_shape, body)
+    got, (err, total, unchanged) = on_mesh(mesh_shape, body)
+    assert err is not None and "Cannot cast" in err and total == 0, (err, total)
+    np.testing.assert_array_equal(unchanged, np.arange(7))
     for (shape, split, kind, name, wv, uv), (same, kept, counts, value) in zip(cases, got):
         where = f"{name} {shape} {'split' if split else 'whole'} target, Partial({kind!r})"
         assert same and kept, where

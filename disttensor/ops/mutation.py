@@ -484,10 +484,18 @@ def inplace(ufunc: np.ufunc, target: DistTensor, other: Any) -> DistTensor:
 
 
 def _partial_into_whole(other: DistTensor, target: DistTensor) -> bool:
-    """Whether ``other`` is Partial on ``target``'s mesh and ``target`` is not Partial: the
-    in-place operators reduce it to the target's layout first."""
+    """Whether ``other`` is Partial on ``target``'s mesh, ``target`` is not Partial, and both
+    are of one floating (or complex) dtype, so the result has the target's dtype and no
+    casting error can come after the move: the in-place operators reduce ``other`` to the
+    target's layout first."""
     o, t = other._spec, target._spec  # without_partials: cached, the spec itself if none
-    return o.without_partials() is not o and t.without_partials() is t and o.mesh == t.mesh
+    return (
+        o.without_partials() is not o
+        and t.without_partials() is t
+        and o.dtype == t.dtype
+        and t.dtype.kind in "fc"
+        and o.mesh == t.mesh
+    )
 
 
 def _needs_grad(value: Any) -> bool:
