@@ -765,6 +765,9 @@ class MPIComm(Communicator):
             WATCH.exit(key)
 
 
+_LABELS: dict[tuple, str] = {}  # (what, "to" or "from", global rank) -> the watchdog's label
+
+
 def _watched(name: str, what: str, nonblocking: bool = False, peer: str = "") -> None:
     """Register MPIComm's ``name`` with the watchdog while it blocks (Note [Waiting for a
     rank that is gone]); a non-blocking call is registered while its Work waits. A
@@ -782,7 +785,10 @@ def _watched(name: str, what: str, nonblocking: bool = False, peer: str = "") ->
     def started(self, *args):
         work = call(self, *args)
         wait, ranks = work._wait, self.ranks
-        label = f"{what} {peer} rank {ranks[args[1]]}" if peer else what  # args: buf, peer
+        label = what
+        if peer:  # args: buf, peer; the label made once per peer (a halo's sends every step)
+            key = (what, peer, ranks[args[1]])
+            label = _LABELS.get(key) or _LABELS.setdefault(key, f"{what} {peer} rank {key[2]}")
         if wait is not None:
 
             def watched_wait() -> None:

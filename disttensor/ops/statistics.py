@@ -106,6 +106,8 @@ def norm(x, ord=None, axis=None, keepdims=False):
     nd = x.ndim
     if axis is None:
         if ord is None or (_is(ord, "f", "fro") and nd == 2) or (_num(ord, 2) and nd == 1):
+            if nd == 1 and x.dtype.kind == "f" and not keepdims and not x._spec.has_partial():
+                return EW["sqrt"](la.matmul(x, x))  # numpy's x.dot(x): one op, one product
             return EW["sqrt"](red.sum(_squares(x), None, keepdims))
         axis = tuple(range(nd))
     elif not isinstance(axis, tuple):
