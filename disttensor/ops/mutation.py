@@ -166,9 +166,12 @@ _WRITE = code_of("written")
 
 def is_view_of(out_spec, in_spec) -> bool:
     """Whether a basic getitem kept every split of its input (then each rank's result is a
-    view of its shard); otherwise it moved data or filled zeros (a Partial result)."""
+    view of its shard; a split over a mesh dim of one rank that became Replicate was the
+    whole axis there, a view too); otherwise it moved data or filled zeros (a Partial
+    result)."""
     return not any(
-        p.is_shard() and not q.is_shard() for p, q in zip(in_spec.placements, out_spec.placements)
+        p.is_shard() and not q.is_shard() and (n > 1 or not q.is_replicate())
+        for p, q, n in zip(in_spec.placements, out_spec.placements, in_spec.mesh.shape)
     )
 
 
