@@ -111,6 +111,8 @@ def _strip_leading_ones(shape: tuple[int, ...], ndim: int) -> int:
 def _value_shape_fits(vshape: tuple[int, ...], region: tuple[int, ...]) -> tuple[int, ...]:
     """The value's shape with numpy's extra leading 1s dropped; ValueError (numpy's message)
     unless it broadcasts to ``region``."""
+    if vshape == region:  # the common case: the region's own shape
+        return vshape
     trimmed = vshape[_strip_leading_ones(vshape, len(region)) :]
     ok = len(trimmed) <= len(region) and all(
         v in (1, r) for v, r in zip(trimmed[::-1], region[::-1])
@@ -296,10 +298,9 @@ def _write_plan(target: DistTensor, ckey: tuple, rank: int) -> tuple:
 
 def _as_region(value: DistTensor, vshape: tuple[int, ...], region: tuple[int, ...]) -> DistTensor:
     """A DistTensor value with numpy's extra leading 1s dropped and broadcast to the region."""
-    from . import shape as sh
-
     if value.shape == region:  # the common case: nothing to reshape or broadcast
         return value
+    from . import shape as sh
     with autograd.no_grad():
         if value.shape != vshape:
             value = sh.reshape(value, vshape)
