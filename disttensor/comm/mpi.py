@@ -129,7 +129,7 @@ class _Envelope:
         fp = agree.FINGERPRINTS.get(("all_reduce", key)) or agree.fingerprint("all_reduce", key)
         # as every carried plan: (slot view, fingerprint, byte size, key, per pair of doing
         # items seen on the stack fp with them folded in: _folded), then the kind's own parts
-        plan = [mine, fp, n * dtype.itemsize, key, {}, rows,
+        plan = [mine, fp, n * dtype.itemsize, key, [None, None, 0, {}], rows,
                 _UFUNCS[op] if one else None]  # fmt: skip
         if len(self.sums) > 256:
             self.sums.clear()
@@ -153,7 +153,7 @@ class _Envelope:
             bounds = [(end - n, end) for n, end in zip(counts, ends)]
         key = (dtype, counts)  # the fingerprint's key: the same as the general path's
         fp = agree.FINGERPRINTS.get(("all_gather", key)) or agree.fingerprint("all_gather", key)
-        plan = [mine, fp, counts[rank] * isz, key, {}, rows, bounds]
+        plan = [mine, fp, counts[rank] * isz, key, [None, None, 0, {}], rows, bounds]
         if len(self.gathers) > 256:
             self.gathers.clear()
         self.gathers[shape, dtype, counts] = plan
@@ -180,26 +180,29 @@ class _Envelope:
 
 def _folded(plan: list, at: int, fp: int) -> int:
     """Fingerprint ``fp`` of a planned call with what the library is doing folded in
-    (``agree.in_context``). The items' fold is kept in the dict ``plan[at]`` per pair of
-    items on the stack (a reshard's one, or an op's label and its reshard's; by identity:
-    the ops of a loop that make the same call, ``rs / d`` and ``rs_new / rs``, fold nothing
-    again)."""
+    (``agree.in_context``). The items' fold is kept in ``plan[at]``: the last pair of items
+    seen on the stack (a reshard's one, or an op's label and its reshard's; by identity) with
+    its fold, and a dict of the folds of every pair seen, so the ops of a loop that make the
+    same call (``rs / d`` and ``rs_new / rs``) fold nothing again."""
     stack = _doing.stack
     n = len(stack)
-    if n > 2:
+    first = stack[0]
+    second = stack[1] if n == 2 else None
+    last = plan[at]  # [first, second, their fold, {(id(first), id(second)): the three}]
+    if last[0] is first and last[1] is second and n <= 2:
+        folded = last[2]
+    elif n > 2:
         folded = agree.with_items(fp, stack)
     else:
-        first = stack[0]
-        second = stack[1] if n == 2 else None
-        seen = plan[at]
+        seen = last[3]
         hit = seen.get((id(first), id(second)))
-        if hit is not None and hit[0] is first and hit[1] is second:
-            folded = hit[2]
-        else:
-            folded = agree.with_items(fp, stack)  # the items' fold alone is kept
+        if hit is None or hit[0] is not first or hit[1] is not second:
+            hit = (first, second, agree.with_items(fp, stack))  # the items' fold alone
             if len(seen) >= 16:
                 seen.clear()
-            seen[id(first), id(second)] = (first, second, folded)
+            seen[id(first), id(second)] = hit
+        last[0], last[1], last[2] = hit
+        folded = hit[2]
     lin = stack.lin  # the moved tensor's (Note [Lineage names the tensor] in tensor.py)
     return folded if lin is None else agree.with_tensor(folded, lin)
 
