@@ -350,7 +350,10 @@ def getitem(x, key):
     spec = x._spec
     plain = plain_key(key)
     if plain is not None:  # Note [Getitem routes kept on the spec]
-        route = spec.kept("_routes", plain, lambda: _route(spec, key), _ROUTES_PER_SPEC)
+        routes = spec.__dict__.get("_routes")  # spec.kept's table, read without a call
+        route = None if routes is None else routes.get(plain)
+        if route is None:
+            route = spec.kept("_routes", plain, lambda: _route(spec, key), _ROUTES_PER_SPEC)
     else:
         if not all(_basic(k) for k in (key if isinstance(key, tuple) else (key,))):
             out = indexing.gather_by_index(x, key)  # Note [Gathers by index]
