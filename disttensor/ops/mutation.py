@@ -301,6 +301,7 @@ def _as_region(value: DistTensor, vshape: tuple[int, ...], region: tuple[int, ..
     if value.shape == region:  # the common case: nothing to reshape or broadcast
         return value
     from . import shape as sh
+
     with autograd.no_grad():
         if value.shape != vshape:
             value = sh.reshape(value, vshape)
@@ -451,8 +452,6 @@ def inplace(ufunc: np.ufunc, target: DistTensor, other: Any) -> DistTensor:
     ``+=``, ``-=``, ``*=`` and ``/=`` with a tensor of the target's shape or a Python scalar
     compute the result as the operator does (``w - u``), and a result laid out as the target
     is copied in directly: a parameter update in a loop."""
-    from . import array_ufunc
-
     op = _OPERATORS.get(ufunc)
     if (
         op is not None
@@ -467,12 +466,15 @@ def inplace(ufunc: np.ufunc, target: DistTensor, other: Any) -> DistTensor:
             with autograd.no_grad():
                 other = reshard(other, target.mesh, target.placements)
         result = (_EW or _ops_ew())[op](target, other)
-        if result._spec == target._spec:  # same layout, shape and dtype: copy it in
-            target._local[...] = result._local
+        rspec = result._spec
+        if rspec is target._spec or rspec == target._spec:  # same layout, shape and dtype:
+            target._local[...] = result._local  # copied in
             _written(target)
         else:  # a cast, another layout: as below
             write_out(ufunc.__name__, result, target, "same_kind")
         return target
+    from . import array_ufunc
+
     name = f"{ufunc.__name__} (in place)"
     check_writable(target, other, name)
     if ufunc is not np.matmul:
