@@ -314,6 +314,8 @@ def _call(op: Op, *args: Any, **attrs: Any) -> Any:
         inputs = None
         form = 5
     else:
+        if (sub := _sequences(args)) is not None:  # Note [Lists are arrays]
+            return _call(op, *sub, **attrs)
         key, kargs, grad, first = _mixed_key(op, key, args)
         if key is None and kargs is _ARRAY and (sub := _operands(args)) is not None:
             return _call(op, *sub, **attrs)  # Note [Array operands of one spec]
@@ -541,6 +543,31 @@ def _mixed_key(op: Op, attrs_key: tuple, args: tuple) -> tuple:
 
 
 _ARRAY = ["an array argument"]  # _mixed_key's kernel arguments where an argument is an array
+
+
+# Note [Lists are arrays]
+# An op's positional arguments are its data (attributes are keywords), and numpy takes a list
+# or tuple there as the array it makes of it: ``x + [1, 2, 3]``, ``np.where(m, x, [0, 1])``.
+# Passed to the kernel as it is, a list met each rank's shard instead of the global tensor:
+# numpy's broadcasting error for a list of the tensor's length, and a result numpy would
+# refuse for one of the shard's. So ``_sequences`` makes each list or tuple argument the
+# array numpy makes of it (numeric ones: a list of DistTensors, or of strings, stays as it
+# is), which then takes the array operands' path (Note [Array operands of one spec]).
+def _sequences(args: tuple) -> tuple | None:
+    """``args`` with each list or tuple argument as numpy's array of it, where it holds no
+    DistTensor and makes a numeric array; None where none does."""
+    out = None
+    for i, a in enumerate(args):
+        if (type(a) is list or type(a) is tuple) and not any(isinstance(e, DistTensor) for e in a):
+            try:
+                arr = np.asarray(a)
+            except (ValueError, TypeError):  # ragged: numpy refuses it in the op as well
+                continue
+            if arr.dtype.kind in "biufc":
+                if out is None:
+                    out = list(args)
+                out[i] = arr
+    return None if out is None else tuple(out)
 
 
 # Note [Array operands of one spec]

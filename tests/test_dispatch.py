@@ -302,3 +302,51 @@ def test_array_operands_take_the_fast_path_with_numpys_values(mesh_shape, monkey
                 assert dtype == want.dtype, (name, dtype)
                 assert (placements, lin) == got[0][2:], name
         np.testing.assert_array_equal(result["grad"], np.tile(np.arange(3.0), (7, 1)))
+
+
+@pytest.mark.parametrize("mesh_shape", [(1,), (2,), (3,), (4,), (2, 2)])
+def test_list_and_tuple_operands_are_numpys_arrays(mesh_shape):
+    """Note [Lists are arrays]: a list or tuple among an op's data arguments is the array
+    numpy makes of it, laid against the global tensor (not each rank's shard): operators,
+    reflected operators, numpy's ufuncs, np.where and np.clip on split, uneven and empty
+    shards, with numpy's values and dtypes; a list of a shard's length where numpy refuses
+    it raises numpy's ValueError on every rank; a list of strings stays numpy's TypeError."""
+    g = np.arange(7.0)  # 7 rows: uneven, and an empty shard on 4 ranks
+    m = np.arange(14.0).reshape(7, 2)
+    row, col = [10.0, 20.0], [[1], [2], [3], [4], [5], [6], [7]]
+    cases = {
+        "x + list": (lambda x, y: x + list(range(7)), g + list(range(7))),
+        "list - x": (lambda x, y: list(range(7)) - x, list(range(7)) - g),
+        "x * tuple": (lambda x, y: x * tuple(range(7)), g * tuple(range(7))),
+        "x == list": (lambda x, y: x == list(range(7)), g == list(range(7))),
+        "np.maximum": (lambda x, y: np.maximum(x, [3] * 7), np.maximum(g, [3] * 7)),
+        "np.where": (lambda x, y: np.where(x > 2, x, list(range(7))), np.where(g > 2, g, range(7))),
+        "np.clip": (lambda x, y: np.clip(x, 1, [5] * 7), np.clip(g, 1, [5] * 7)),
+        "int list": (lambda x, y: x // [2] * 7, g // [2] * 7),
+        "row": (lambda x, y: y + row, m + row),
+        "column": (lambda x, y: y * col, m * col),
+    }
+
+    def body(mesh):
+        first = [dt.Shard(0)] + [dt.Replicate()] * (mesh.ndim - 1)
+        x = dt.shard_tensor(g, mesh, first)
+        y = dt.shard_tensor(m, mesh, first)
+        out = {name: (fn(x, y).numpy(), fn(x, y).dtype) for name, (fn, _) in cases.items()}
+        errors = []
+        for bad in ([1.0, 2.0], ["a"] * 7):  # numpy: a broadcast error, a ufunc type error
+            try:
+                x + bad
+                errors.append(None)
+            except (ValueError, TypeError) as e:
+                errors.append(type(e).__name__)
+        return out, errors
+
+    from op_cases import on_mesh
+
+    out, errors = on_mesh(mesh_shape, body)
+    for name, (_, want) in cases.items():
+        value, dtype = out[name]
+        np.testing.assert_array_equal(value, want, err_msg=name)
+        assert dtype == np.asarray(want).dtype, (name, dtype)
+    assert errors[0] == "ValueError", errors
+    assert errors[1] is not None, errors

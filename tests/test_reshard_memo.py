@@ -256,3 +256,36 @@ def test_a_pick_outlives_its_root():
         return float(v)
 
     assert on((2,), body) == 7.0
+
+
+@pytest.mark.parametrize("mesh_shape", [(2,), (3,), (2, 2), (1, 2)], ids=str)
+def test_a_pick_is_a_copy_on_every_rank(mesh_shape):
+    """A pick of a split axis (``x[1:-1, 2]`` with the columns split) is Partial: the rank
+    holding the column has its values, the others zeros. It is a copy on every rank, so a
+    later write into x changes it on no rank (as docs/concepts.md says of copies) and every
+    rank agrees that its remembered value still holds: it had been a view of x's shard on
+    the holding rank alone, whose value followed x's write while the others kept theirs,
+    and whose move memo was dropped there alone (that rank reduced it again while the
+    others did not: a hang, or another rank's data)."""
+
+    def body(mesh):
+        split = [dt.Shard(1) if n > 1 else R for n in mesh.shape]
+        x = make_input(np.arange(30.0).reshape(6, 5), mesh, split)
+        y = x[1:-1, 2]
+        y[...] = -7.0  # written through to x
+        first = y.numpy()
+        x[...] = x * 2 + 1
+        with dt.CommCounter() as cc:
+            second = y.numpy()
+        z = x[2:4, 4]
+        before = z.numpy()
+        x[...] = 0.0
+        return first, second, cc.counts, before, z.numpy(), x.numpy()
+
+    first, second, counts, before, after, x = on(mesh_shape, body)
+    np.testing.assert_array_equal(first, [-7.0] * 4)
+    np.testing.assert_array_equal(second, [-7.0] * 4)  # a copy: x's later write is not seen
+    assert counts == {}  # its reduced value still holds, on every rank
+    np.testing.assert_array_equal(before, [29.0, 39.0])  # (2 * [14, 19] + 1)
+    np.testing.assert_array_equal(after, before)
+    np.testing.assert_array_equal(x, np.zeros((6, 5)))

@@ -250,8 +250,10 @@ def write_region(target: DistTensor, ckey: tuple, value: Any) -> None:
         vspec = value._spec
         plain = vspec.without_partials()
         fetch = _reshard.fetch_plan(plain, wants, rank)
-        if fetch[4] is not None and plain is vspec:  # the value's rows here are its own
-            target._local[mine[0]] = value._local[fetch[4]]  # (numpy minds an overlap)
+        if fetch[4] is not None and plain is vspec and type(value._local) is np.ndarray:
+            # the value's rows here are its own: copied straight in (numpy minds an overlap,
+            # x[1:] = x[:-1]; a device's copy does not, so device values take the box)
+            target._local[mine[0]] = value._local[fetch[4]]
             return
         piece = _reshard.deliver(value._local, vspec, fetch)
         if mine is None:

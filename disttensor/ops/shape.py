@@ -106,12 +106,12 @@ def _getitem(x, key, *, ctx: KernelContext | None = None, xp=np):
     plan = ctx.memo  # worked out at the first call with this context: the same key
     if plan is None:
         plan = ctx.memo = _getitem_plan(ctx, key)
-    src, dst, out_shape = plan
+    src, dst, out_shape, picked = plan
     if src is None:
         return xp.zeros(out_shape, x.dtype)
     piece = x[src]
-    if piece.shape == out_shape:  # this rank holds all of its output shard
-        return piece
+    if piece.shape == out_shape:  # this rank holds all of its output shard: a view of it,
+        return piece.copy() if picked else piece  # but a pick's (the others hold zeros)
     out = xp.zeros(out_shape, x.dtype)
     out[dst] = piece
     return out
@@ -119,8 +119,14 @@ def _getitem(x, key, *, ctx: KernelContext | None = None, xp=np):
 
 def _getitem_plan(ctx: KernelContext, key: tuple) -> tuple:
     """(index into this rank's shard, or None when it holds none of the output; where the
-    piece goes in the output shard; the output shard's shape) for ``_getitem``."""
+    piece goes in the output shard; the output shard's shape; whether the output is a pick,
+    Partial where the input was split) for ``_getitem``. A pick is a copy on every rank: a
+    view of the shard on the rank that holds it beside zeros on the others would follow
+    later writes into the input on one rank only, and ranks that disagree on a tensor's
+    value disagree on whether its remembered moves still hold (Note [One move per tensor]
+    in tensor.py): one rank would reduce it again while another does not."""
     spec = ctx.inputs[0]
+    picked = any(p.is_shard() and q.is_partial() for p, q in zip(spec.placements, ctx.outputs[0]))
     box = spec.local_box(ctx.coord)
     out_shape = _local(ctx, lambda: index_layout(spec.shape, key)[0])
     src: list[Any] = []
@@ -136,7 +142,7 @@ def _getitem_plan(ctx: KernelContext, key: tuple) -> tuple:
         axis += 1
         if isinstance(k, int):
             if not start <= k < start + n:
-                return None, None, out_shape
+                return None, None, out_shape, picked
             src.append(k - start)
         elif k == whole:  # kept as it is, sharded or not
             src.append(slice(None))
@@ -147,7 +153,7 @@ def _getitem_plan(ctx: KernelContext, key: tuple) -> tuple:
             local = range(part.start - start, part.stop - start, part.step)
             src.append(_as_slice(local) if j1 > j0 else slice(0, 0))
             dst.append(slice(j0, j1))
-    return tuple(src), tuple(dst), out_shape
+    return tuple(src), tuple(dst), out_shape, picked
 
 
 def _getitem_grad(g, key, shape, *, ctx: KernelContext | None = None, xp=np):
