@@ -314,7 +314,7 @@ def _call(op: Op, *args: Any, **attrs: Any) -> Any:
         inputs = None
         form = 5
     else:
-        if (sub := _sequences(args)) is not None:  # Note [Lists are arrays]
+        if (sub := _sequences(op, args, attrs)) is not None:  # Note [Lists are arrays]
             return _call(op, *sub, **attrs)
         key, kargs, grad, first = _mixed_key(op, key, args)
         if key is None and kargs is _ARRAY and (sub := _operands(args)) is not None:
@@ -552,13 +552,22 @@ _ARRAY = ["an array argument"]  # _mixed_key's kernel arguments where an argumen
 # numpy's broadcasting error for a list of the tensor's length, and a result numpy would
 # refuse for one of the shard's. So ``_sequences`` makes each list or tuple argument the
 # array numpy makes of it (numeric ones: a list of DistTensors, or of strings, stays as it
-# is), which then takes the array operands' path (Note [Array operands of one spec]).
-def _sequences(args: tuple) -> tuple | None:
+# is), which then takes the array operands' path (Note [Array operands of one spec]). A
+# string among the data (``np.add(x, "a")``) is no array dt can hold: the kernel first runs
+# on 0-d stand-ins of the tensors, so numpy's own error comes on every rank before anything
+# moves (a Partial x was reduced first), and numpy's value where it has one (``x == "a"``).
+def _sequences(op: Op, args: tuple, attrs: dict) -> tuple | None:
     """``args`` with each list or tuple argument as numpy's array of it, where it holds no
-    DistTensor and makes a numeric array; None where none does."""
+    DistTensor and makes a numeric array; None where none does. Raises numpy's error for a
+    string argument the kernel refuses."""
     out = None
     for i, a in enumerate(args):
-        if (type(a) is list or type(a) is tuple) and not any(isinstance(e, DistTensor) for e in a):
+        ta = type(a)
+        if (ta is str or ta is bytes) and not op.ctx:
+            stand_ins = [np.zeros((), b.dtype) if isinstance(b, DistTensor) else b for b in args]
+            with np.errstate(all="ignore"):
+                op.kernel(*stand_ins, **attrs)  # numpy's error, if it has one
+        elif (ta is list or ta is tuple) and not any(isinstance(e, DistTensor) for e in a):
             try:
                 arr = np.asarray(a)
             except (ValueError, TypeError):  # ragged: numpy refuses it in the op as well

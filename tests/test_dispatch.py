@@ -350,3 +350,31 @@ def test_list_and_tuple_operands_are_numpys_arrays(mesh_shape):
         assert dtype == np.asarray(want).dtype, (name, dtype)
     assert errors[0] == "ValueError", errors
     assert errors[1] is not None, errors
+
+
+def test_a_string_operand_raises_numpys_error_before_any_move():
+    """Note [Lists are arrays]: a string among an op's data is checked on 0-d stand-ins
+    first, so numpy's error comes on every rank before a Partial operand is reduced."""
+    a = np.arange(6.0)
+    try:
+        np.add(a, "a")
+    except TypeError as e:
+        want = (type(e), str(e))
+
+    def body():
+        mesh = dt.ProcessMesh([0, 1])
+        x = dt.shard_tensor(a, mesh, [dt.Partial()])
+        out = []
+        for f in (lambda: np.add(x, "a"), lambda: x + "a", lambda: "a" * x, lambda: x - b"a"):
+            with dt.CommCounter() as cc:
+                try:
+                    f()
+                    got = None
+                except TypeError as e:
+                    got = (type(e), str(e))
+            out.append((got, cc.total))
+        return out
+
+    for results in dt.simulate(2, body):
+        assert results[0] == (want, 0), results
+        assert all(got is not None and total == 0 for got, total in results), results
