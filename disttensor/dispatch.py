@@ -314,9 +314,12 @@ def _call(op: Op, *args: Any, **attrs: Any) -> Any:
         inputs = None
         form = 5
     else:
-        if (sub := _sequences(op, args, attrs)) is not None:  # Note [Lists are arrays]
-            return _call(op, *sub, **attrs)
-        key, kargs, grad, first = _mixed_key(op, key, args)
+        items = key
+        key, kargs, grad, first = _mixed_key(op, items, args)
+        if kargs is _SEQUENCE:  # Note [Lists are arrays]
+            if (sub := _sequences(op, args, attrs)) is not None:
+                return _call(op, *sub, **attrs)
+            key, kargs, grad, first = _mixed_key(op, items, args, sequences=False)
         if key is None and kargs is _ARRAY and (sub := _operands(args)) is not None:
             return _call(op, *sub, **attrs)  # Note [Array operands of one spec]
         inputs = None
@@ -517,11 +520,12 @@ def _reduced(entry: _Entry, args: tuple) -> list | None:
     return sub
 
 
-def _mixed_key(op: Op, attrs_key: tuple, args: tuple) -> tuple:
+def _mixed_key(op: Op, attrs_key: tuple, args: tuple, sequences: bool = True) -> tuple:
     """(identity key, kernel arguments, whether a gradient is needed, the first DistTensor's
     shard) of a call with other arguments than one or two DistTensors; the key is None when
-    an argument is an array (it gets a spec of its own each call: the general path) or the
-    shards' array types differ."""
+    an argument is an array (kernel arguments ``_ARRAY``: Note [Array operands of one
+    spec]), or, with ``sequences``, a list, tuple or string (``_SEQUENCE``: Note [Lists are
+    arrays]), or the shards' array types differ."""
     key: list[Any] = [op, attrs_key]
     kargs = list(args)
     grad = False
@@ -537,12 +541,16 @@ def _mixed_key(op: Op, attrs_key: tuple, args: tuple) -> tuple:
                 return None, None, False, None
         elif isinstance(a, np.ndarray) or type(a) in _ARRAYS:
             return None, _ARRAY, False, None
+        elif sequences and type(a) in _SEQUENCES:
+            return None, _SEQUENCE, False, None
         else:
             key.append(None)
     return tuple(key), kargs, grad, first
 
 
 _ARRAY = ["an array argument"]  # _mixed_key's kernel arguments where an argument is an array
+_SEQUENCE = ["a list, tuple or string argument"]  # the same where one is that
+_SEQUENCES = frozenset({list, tuple, str, bytes})
 
 
 # Note [Lists are arrays]
@@ -561,12 +569,13 @@ def _sequences(op: Op, args: tuple, attrs: dict) -> tuple | None:
     DistTensor and makes a numeric array; None where none does. Raises numpy's error for a
     string argument the kernel refuses."""
     out = None
+    checked = False
     for i, a in enumerate(args):
         ta = type(a)
-        if (ta is str or ta is bytes) and not op.ctx:
-            stand_ins = [np.zeros((), b.dtype) if isinstance(b, DistTensor) else b for b in args]
+        if (ta is str or ta is bytes) and not op.ctx and not checked:
             with np.errstate(all="ignore"):
-                op.kernel(*stand_ins, **attrs)  # numpy's error, if it has one
+                op.kernel(*map(stand_in, args), **attrs)  # numpy's error, if it has one
+            checked = True
         elif (ta is list or ta is tuple) and not any(isinstance(e, DistTensor) for e in a):
             try:
                 arr = np.asarray(a)
@@ -577,6 +586,24 @@ def _sequences(op: Op, args: tuple, attrs: dict) -> tuple | None:
                     out = list(args)
                 out[i] = arr
     return None if out is None else tuple(out)
+
+
+_STAND_INS: dict[np.dtype, np.ndarray] = {}
+
+
+def stand_in(a: Any) -> Any:
+    """A 0-d array of ``a``'s dtype for a DistTensor or an array (device ones too); other
+    arguments (Python and numpy scalars, lists, strings) as they are: a kernel run on these
+    raises numpy's error for the operands' dtypes, and moves nothing."""
+    dtype = getattr(a, "dtype", None)
+    if dtype is None or isinstance(a, np.generic):
+        return a
+    s = _STAND_INS.get(dtype)
+    if s is None:
+        s = np.zeros((), dtype)
+        s.flags.writeable = False  # an extra argument is a ufunc's ``out``: numpy refuses it
+        _STAND_INS[dtype] = s
+    return s
 
 
 # Note [Array operands of one spec]

@@ -20,7 +20,7 @@ import numpy as np
 from kernels import activations as act
 
 from .. import backend
-from ..dispatch import Op, apply
+from ..dispatch import Op, apply, stand_in
 
 UNARY = {
     "negative": np.negative,
@@ -210,35 +210,17 @@ def _xp_function(name: str):
     return factory
 
 
-_STAND_INS: dict[np.dtype, np.ndarray] = {}
-
-
-def _stand_in(a):
-    """A 0-d array of ``a``'s dtype for a DistTensor or an array (device ones too); other
-    arguments (Python and numpy scalars, lists) as they are."""
-    dtype = getattr(a, "dtype", None)
-    if dtype is None or isinstance(a, np.generic):
-        return a
-    s = _STAND_INS.get(dtype)
-    if s is None:
-        s = np.zeros((), dtype)
-        s.flags.writeable = False  # an extra argument is a ufunc's ``out``: numpy refuses it
-        _STAND_INS[dtype] = s
-    return s
-
-
 class _Checked(Op):
     """A numpy ufunc's op that runs numpy's dtype rules before dispatch (Note [numpy's
     ufuncs]): numpy's TypeError (or OverflowError) on every rank, before anything moves."""
 
-    def check(self, args: tuple) -> None:
+    def check(self, args: tuple, attrs: dict) -> None:
         """numpy's error for these operands' dtypes (and Python scalars), if it has one."""
         with np.errstate(all="ignore"):
-            self.kernel(*map(_stand_in, args))  # raises where numpy raises
+            self.kernel(*map(stand_in, args), **attrs)  # raises where numpy raises
 
     def __call__(self, *args, **attrs):
-        with np.errstate(all="ignore"):
-            self.kernel(*map(_stand_in, args), **attrs)  # raises where numpy raises
+        self.check(args, attrs)
         return apply(self, args, attrs)
 
 

@@ -553,15 +553,7 @@ def array_ufunc(ufunc, method, inputs, kwargs):
 
     The fallback gathers the inputs and computes numpy's own result (or raises numpy's own
     error) on every rank, counted (Note [Communication outside rules])."""
-    if method == "__call__" and not kwargs:  # np.exp(x), np.maximum(x, 1): the op's call
-        op = _UFUNCS.get(ufunc)
-        if op is not None:
-            if len(inputs) != 2:
-                return op(*inputs)
-            if type(op) is _Checked:  # numpy's dtype rules first, as its call makes them
-                op.check(inputs)
-            return binary(op, *inputs)  # two operands as the operators take them
-    if kwargs.get("out") is not None:
+    if kwargs and kwargs.get("out") is not None:
         kwargs = dict(kwargs)
         out = kwargs.pop("out")
         outs = out if isinstance(out, tuple) else (out,)
@@ -572,13 +564,19 @@ def array_ufunc(ufunc, method, inputs, kwargs):
         for r, o in zip(results, outs):
             mutation.write_out(ufunc.__name__, r, o, casting, where)
         return out[0] if isinstance(out, tuple) and len(out) == 1 else out
-    kwargs.pop("out", None)
+    if kwargs:
+        kwargs.pop("out", None)
+    if method == "__call__":  # np.exp(x), np.maximum(x, 1): the op's call
+        op = _UFUNCS.get(ufunc) or (la.OPS["matmul"] if ufunc is np.matmul else None)
+        if op is not None and not kwargs:
+            if len(inputs) != 2:
+                return op(*inputs)
+            if type(op) is _Checked:  # numpy's dtype rules first, as its call makes them
+                op.check(inputs, {})
+            return binary(op, *inputs)  # two operands as the operators take them
     name = f"{ufunc.__name__}.{method}"
     reason = None  # the fallback's: no dt op, or arguments it does not take
     if method == "__call__":
-        op = _UFUNCS.get(ufunc) or (la.OPS["matmul"] if ufunc is np.matmul else None)
-        if op is not None and not kwargs:
-            return op(*inputs)
         name = ufunc.__name__
         if op is not None:
             reason = _not_taken(kwargs)
