@@ -309,8 +309,9 @@ def test_list_and_tuple_operands_are_numpys_arrays(mesh_shape):
     """Note [Lists are arrays]: a list or tuple among an op's data arguments is the array
     numpy makes of it, laid against the global tensor (not each rank's shard): operators,
     reflected operators, numpy's ufuncs, np.where and np.clip on split, uneven and empty
-    shards, with numpy's values and dtypes; a list of a shard's length where numpy refuses
-    it raises numpy's ValueError on every rank; a list of strings stays numpy's TypeError."""
+    shards, with numpy's values and dtypes and a gradient through one; a list of a shard's
+    length where numpy refuses it raises numpy's ValueError on every rank; a list of
+    strings stays numpy's TypeError."""
     g = np.arange(7.0)  # 7 rows: uneven, and an empty shard on 4 ranks
     m = np.arange(14.0).reshape(7, 2)
     row, col = [10.0, 20.0], [[1], [2], [3], [4], [5], [6], [7]]
@@ -339,11 +340,14 @@ def test_list_and_tuple_operands_are_numpys_arrays(mesh_shape):
                 errors.append(None)
             except (ValueError, TypeError) as e:
                 errors.append(type(e).__name__)
-        return out, errors
+        w = dt.shard_tensor(g, mesh, first, requires_grad=True)  # the gradient's path
+        (w * list(range(7))).sum().backward()
+        return out, errors, w.grad.numpy()
 
     from op_cases import on_mesh
 
-    out, errors = on_mesh(mesh_shape, body)
+    out, errors, grad = on_mesh(mesh_shape, body)
+    np.testing.assert_array_equal(grad, np.arange(7.0))
     for name, (_, want) in cases.items():
         value, dtype = out[name]
         np.testing.assert_array_equal(value, want, err_msg=name)

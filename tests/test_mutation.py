@@ -81,14 +81,15 @@ def test_operator_updates_write_in_place_with_one_reduction():
         assert err in ("TypeError", "UFuncTypeError"), err  # numpy: a TypeError subclass
 
 
-@pytest.mark.parametrize("mesh_shape", [(2,), (3,), (4,), (2, 2)])
+@pytest.mark.parametrize("mesh_shape", [(1,), (2,), (3,), (4,), (2, 2)])
 def test_in_place_operators_reduce_a_partial_operand_first(mesh_shape):
     """``w -= u``, ``w += u``, ``w *= u``, ``w /= u`` with u Partial (sum or max) and w not
     Partial, of one float dtype: u is reduced to w's layout first (numpy's order: the value
     of u, then the op), one collective, an all-reduce into a whole target and a
-    reduce-scatter into a split one (uneven and empty shards included); the result is
-    written into w's own array and its values are numpy's on the gathered inputs, bit for
-    bit. An int target and a float Partial raise numpy's casting error before any move."""
+    reduce-scatter into a split one (uneven and empty shards included; nothing on one
+    rank); the result is written into w's own array and its values are numpy's on the
+    gathered inputs, bit for bit. An int target and a float Partial raise numpy's casting
+    error before any move."""
     from op_cases import on_mesh
 
     rng = np.random.default_rng(5)
@@ -140,7 +141,7 @@ def test_in_place_operators_reduce_a_partial_operand_first(mesh_shape):
         assert same and kept, where
         np.testing.assert_array_equal(value, ops[name](wv, uv), err_msg=where)
         moves = "reduce_scatter" if split and mesh_shape[0] > 1 else "all_reduce"
-        assert counts == {moves: 1}, (where, counts)
+        assert counts == ({} if mesh_shape == (1,) else {moves: 1}), (where, counts)
 
 
 def test_writes_report_what_gathers():

@@ -258,7 +258,7 @@ def test_a_pick_outlives_its_root():
     assert on((2,), body) == 7.0
 
 
-@pytest.mark.parametrize("mesh_shape", [(2,), (3,), (2, 2), (1, 2)], ids=str)
+@pytest.mark.parametrize("mesh_shape", [(2,), (3,), (4,), (2, 2), (1, 2)], ids=str)
 def test_a_pick_is_a_copy_on_every_rank(mesh_shape):
     """A pick of a split axis (``x[1:-1, 2]`` with the columns split) is Partial: the rank
     holding the column has its values, the others zeros. It is a copy on every rank, so a
