@@ -541,7 +541,10 @@ def _mixed_key(op: Op, attrs_key: tuple, args: tuple, sequences: bool = True) ->
                 return None, None, False, None
         elif isinstance(a, np.ndarray) or type(a) in _ARRAYS:
             return None, _ARRAY, False, None
-        elif sequences and type(a) in _SEQUENCES:
+        elif sequences and (
+            type(a) in _SEQUENCES
+            or (type(a) not in _NUMBERS and isinstance(a, _TEXTS) and _text(a))
+        ):  # a string, or a numpy scalar dt cannot hold (np.str_, np.datetime64)
             return None, _SEQUENCE, False, None
         else:
             key.append(None)
@@ -551,6 +554,16 @@ def _mixed_key(op: Op, attrs_key: tuple, args: tuple, sequences: bool = True) ->
 _ARRAY = ["an array argument"]  # _mixed_key's kernel arguments where an argument is an array
 _SEQUENCE = ["a list, tuple or string argument"]  # the same where one is that
 _SEQUENCES = frozenset({list, tuple, str, bytes})
+_TEXTS = (str, bytes, np.generic)  # what _mixed_key looks at the dtype of
+# Python's scalars and numpy's numeric ones: operands _mixed_key need not look at further
+_NUMBERS = _SCALARS | frozenset(np.dtype(c).type for c in "?bBhHiIlLqQefdgFDG")
+
+
+def _text(a: Any) -> bool:
+    """Whether ``a`` (a str, bytes or numpy scalar) is text or another value no DistTensor
+    holds: a string, or a numpy scalar of a dtype not bool or numeric (np.str_,
+    np.datetime64)."""
+    return isinstance(a, (str, bytes)) or a.dtype.kind not in "biufc"
 
 
 # Note [Lists are arrays]
@@ -561,9 +574,12 @@ _SEQUENCES = frozenset({list, tuple, str, bytes})
 # refuse for one of the shard's. So ``_sequences`` makes each list or tuple argument the
 # array numpy makes of it (numeric ones: a list of DistTensors, or of strings, stays as it
 # is), which then takes the array operands' path (Note [Array operands of one spec]). A
-# string among the data (``np.add(x, "a")``) is no array dt can hold: the kernel first runs
-# on 0-d stand-ins of the tensors, so numpy's own error comes on every rank before anything
-# moves (a Partial x was reduced first), and numpy's value where it has one (``x == "a"``).
+# string among the data (``np.add(x, "a")``; bytes, a list of strings, a numpy scalar of a
+# dtype no DistTensor holds such as np.str_ or np.datetime64) is no array dt can hold: the
+# kernel first runs on 0-d stand-ins of the tensors, so numpy's own error comes on every rank
+# before anything moves (a Partial x was reduced first), and numpy's value where it has one.
+# (``x == "a"`` is numpy's all-False array: Note [Comparisons numpy cannot make] in
+# tensor.py.)
 def _sequences(op: Op, args: tuple, attrs: dict) -> tuple | None:
     """``args`` with each list or tuple argument as numpy's array of it, where it holds no
     DistTensor and makes a numeric array; None where none does. Raises numpy's error for a
@@ -572,7 +588,7 @@ def _sequences(op: Op, args: tuple, attrs: dict) -> tuple | None:
     checked = False
     for i, a in enumerate(args):
         ta = type(a)
-        if (ta is str or ta is bytes) and not op.ctx and not checked:
+        if ta not in _NUMBERS and isinstance(a, _TEXTS) and _text(a) and not op.ctx and not checked:
             with np.errstate(all="ignore"):
                 op.kernel(*map(stand_in, args), **attrs)  # numpy's error, if it has one
             checked = True
@@ -585,6 +601,10 @@ def _sequences(op: Op, args: tuple, attrs: dict) -> tuple | None:
                 if out is None:
                     out = list(args)
                 out[i] = arr
+            elif arr.dtype.kind != "O" and not op.ctx and not checked:  # strings, dates
+                with np.errstate(all="ignore"):
+                    op.kernel(*[arr if b is a else stand_in(b) for b in args], **attrs)
+                checked = True
     return None if out is None else tuple(out)
 
 

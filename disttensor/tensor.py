@@ -400,10 +400,16 @@ class DistTensor:
         return _ops().array_ufunc(np.divmod, "__call__", (o, self), {})
 
     def __eq__(self, o):
-        return _ops().equal(self, o)  # type: ignore[override]
+        try:
+            return _ops().equal(self, o)  # type: ignore[override]
+        except TypeError as e:
+            return _incomparable(self, o, e, False)
 
     def __ne__(self, o):
-        return _ops().not_equal(self, o)  # type: ignore[override]
+        try:
+            return _ops().not_equal(self, o)  # type: ignore[override]
+        except TypeError as e:
+            return _incomparable(self, o, e, True)
 
     def __lt__(self, o):
         return _binary(_EW["less"], self, o)
@@ -830,6 +836,37 @@ _OPS = None
 def _nd():
     """ops/ndarray.py: the rest of numpy.ndarray's surface (reached lazily, as the op set)."""
     return _ops().ndarray
+
+
+# Note [Comparisons numpy cannot make]
+#     numpy's ``==`` and ``!=`` of an array and an operand its ufuncs have no loop for (a
+#     string, bytes, a datetime against floats) do not raise as ``np.equal`` does: they give
+#     every element False (``!=``: True), of the broadcast shape, after checking that the
+#     shapes broadcast. DistTensor's operators do the same: the op raises numpy's no-loop
+#     error on every rank before anything moves (dispatch checks such operands on stand-ins),
+#     and the answer is then made without communication, laid out as the tensor (a Partial
+#     mesh dim Replicate: the answer is the same everywhere), or, where the operand widens
+#     the shape, by a bool op with a numpy array of the operand's shape.
+def _incomparable(x: DistTensor, o: Any, error: TypeError, value: bool) -> DistTensor:
+    """``x == o`` (``x != o``: ``value`` True) where numpy's ufunc has no loop for ``o``
+    (Note [Comparisons numpy cannot make]); any other error is raised as it is."""
+    try:  # numpy's own answer on 0-d stand-ins of the two dtypes: no loop, or another error
+        kind = np.asarray(o).dtype
+        np.not_equal(np.zeros((), x.dtype), np.zeros((), kind))
+    except TypeError as e:
+        if not any(c.__qualname__ == "_UFuncNoLoopError" for c in type(e).__mro__):
+            raise error from None
+    else:
+        raise error
+    shape = np.broadcast_shapes(x.shape, np.shape(o))  # numpy's ValueError where they do not
+    from .creation import full
+
+    spec = x._spec
+    placements = [Replicate() if p.is_partial() else p for p in spec.placements]
+    out = full(x.shape, value, bool, mesh=spec.mesh, placements=placements)
+    if shape != x.shape:  # the operand widens it: broadcast by an op
+        out = _ops().logical_or(out, np.full(np.shape(o), value))
+    return out
 
 
 def _ops():

@@ -369,7 +369,15 @@ def test_a_string_operand_raises_numpys_error_before_any_move():
         mesh = dt.ProcessMesh([0, 1])
         x = dt.shard_tensor(a, mesh, [dt.Partial()])
         out = []
-        for f in (lambda: np.add(x, "a"), lambda: x + "a", lambda: "a" * x, lambda: x - b"a"):
+        for f in (
+            lambda: np.add(x, "a"),
+            lambda: x + "a",
+            lambda: "a" * x,
+            lambda: x - b"a",
+            lambda: x + np.str_("a"),
+            lambda: np.maximum(x, np.datetime64("2020-01-01")),
+            lambda: x * ["a", "b", "c", "d", "e", "f"],
+        ):
             with dt.CommCounter() as cc:
                 try:
                     f()
@@ -382,3 +390,50 @@ def test_a_string_operand_raises_numpys_error_before_any_move():
     for results in dt.simulate(2, body):
         assert results[0] == (want, 0), results
         assert all(got is not None and total == 0 for got, total in results), results
+
+
+@pytest.mark.parametrize("mesh_shape", [(1,), (2,), (3,), (4,), (2, 2)])
+def test_equality_with_an_operand_numpy_cannot_compare(mesh_shape):
+    """Note [Comparisons numpy cannot make]: ``x == "a"`` is numpy's all-False array (``!=``
+    all True) of the broadcast shape, on split, uneven, empty and Partial shards, with no
+    communication; shapes that do not broadcast raise numpy's ValueError; ``np.equal``
+    keeps numpy's TypeError."""
+    g = np.arange(7.0)
+    operands = ["a", b"x", np.datetime64("2020-01-01"), np.array([["a"], ["b"]]), ["a"] * 7]
+
+    def body(mesh):
+        rest = [dt.Replicate()] * (mesh.ndim - 1)
+        out = []
+        for first in (dt.Shard(0), dt.Replicate(), dt.Partial()):
+            x = dt.shard_tensor(g / mesh.size if first.is_partial() else g, mesh, [first, *rest])
+            for o in operands:
+                for f in ("__eq__", "__ne__"):
+                    with dt.CommCounter() as cc:
+                        got = getattr(x, f)(o)
+                    out.append((str(first), repr(o), f, cc.total, got.numpy(), got.dtype))
+            errors = []
+            for bad in (lambda x=x: x == np.array(["a", "b"]), lambda x=x: np.equal(x, "a")):
+                try:
+                    bad()
+                    errors.append(None)
+                except (ValueError, TypeError) as e:
+                    errors.append(type(e).__name__)
+            out.append(errors)
+        return out
+
+    from op_cases import on_mesh
+
+    out = on_mesh(mesh_shape, body)
+    k = 0
+    for _ in range(3):
+        for o in operands:
+            for f in ("__eq__", "__ne__"):
+                first, name, fn, total, value, dtype = out[k]
+                want = getattr(g, f)(np.asarray(o) if isinstance(o, list) else o)
+                assert total == 0, (first, name, fn)
+                assert dtype == want.dtype, (first, name, fn)
+                np.testing.assert_array_equal(value, want, err_msg=f"{first} {name} {fn}")
+                assert value.shape == want.shape
+                k += 1
+        assert out[k] == ["ValueError", "UFuncTypeError"], out[k]
+        k += 1
