@@ -142,11 +142,12 @@ class Op:
 # [One move per tensor]) under the entry's label, the item the general path's ``_named``
 # pushes, so the agreement check sees the same call either way. Under dt.explain, inside a
 # gradient function (its move memo) and with a gradient to record, the general path runs.
-# DistTensor's operators (``x + y``, ``2 * x``, ``x / d``, the comparisons) enter through
-# ``binary``, which takes the simplest of these calls (two tensors, or one and a Python
-# scalar, whose entry moves nothing, keeps no Partial input, has no kernel context and no
-# gradient to record, on host shards) without ``_call``'s generic argument handling: 1.4 ->
-# 1.1 us for ``x + y`` of 31 floats; every other call is ``_call`` itself.
+# DistTensor's operators (``x + y``, ``2 * x``, ``x / d``, ``A @ p``, the comparisons) enter
+# through ``binary``, which takes the simplest of these calls (two tensors, or one and a
+# Python scalar, whose entry keeps no Partial input, has no kernel context and no gradient
+# to record, on host shards; inputs that move, ``_fast_moves`` moves) without ``_call``'s
+# generic argument handling: 1.4 -> 1.1 us for ``x + y`` of 31 floats; every other call is
+# ``_call`` itself.
 # Everything else takes the general path, which is the same five steps with every check.
 
 
@@ -399,10 +400,9 @@ Op.__call__ = _call  # type: ignore[method-assign]  # one frame less per op
 
 def binary(op: Op, x: Any, y: Any) -> Any:
     """``op(x, y)`` for DistTensor's operators (``x + y``, ``2 * x``, ``x / d``): the fast
-    path's commonest call, a cached decision that moves nothing for two DistTensors or one
-    and a Python scalar, on host shards, with no gradient to record, taken without
-    ``_call``'s generic argument handling (Note [Dispatch fast path]); any other call is
-    ``_call`` itself."""
+    path's commonest call, a cached decision for two DistTensors or one and a Python scalar,
+    on host shards, with no gradient to record, taken without ``_call``'s generic argument
+    handling (Note [Dispatch fast path]); any other call is ``_call`` itself."""
     tx, ty = type(x), type(y)
     if tx is DistTensor:
         xl = x._local
@@ -424,9 +424,14 @@ def binary(op: Op, x: Any, y: Any) -> Any:
     else:
         return _call(op, x, y)
     entry = _cache.get(key)
-    if entry is not None and not grad and entry.hows is None and entry.keeps is None:
+    if entry is not None and not grad and entry.keeps is None:
         last = entry.last
         if last is not None and last[0] is _comm_ctx.world and last[2] is None and not op.saves:
+            if entry.hows is not None:  # its inputs move: _call's fast path moves them
+                kargs = [xl, yl]
+                if not _fast_moves(entry, (x, y), kargs):
+                    return _call(op, x, y)
+                xl, yl = kargs
             result = op.kernel(xl, yl)
             if type(result) is not _ND:
                 result = np.asarray(result)  # a numpy scalar of 0-d shards

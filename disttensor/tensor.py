@@ -355,7 +355,7 @@ class DistTensor:
         return _binary(_EW["power"], o, self)
 
     def __matmul__(self, o):
-        return _EW["matmul"](self, o)
+        return _binary(_EW["matmul"], self, o)
 
     def __rmatmul__(self, o):
         return _EW["matmul"](o, self)
@@ -1448,8 +1448,9 @@ def stamp(out: Any, lin: int) -> None:
 #     A tensor moved to a layout is not moved there again: a Partial scalar used by two
 #     divisions is reduced once, a vector gathered for two products once. ``moved`` keeps the
 #     moved local array on the source tensor (``_moved``: target spec -> the source's local
-#     array, the moved one and the write counters of both, autograd.version) and hands it out
-#     again while neither array has been written in place since and the source still holds
+#     array, the moved one and the number of the latest write in place so far, autograd's
+#     write counter) and hands it out again while neither array has been written in place
+#     since (nothing written anywhere since: no array to look at) and the source still holds
 #     the same array. Every rank decides alike: the moves and writes are the program's, the
 #     same on every rank, and nothing depends on a rank's own sizes, so a reuse skips the
 #     collective everywhere. Moves that gather (a Shard becoming Replicate) are remembered
@@ -1467,11 +1468,10 @@ def remembered(x: DistTensor, dst: DistSpec) -> Any:
     if memo is not None:
         hit = memo.get(dst)
         if hit is not None:
-            src, out, src_version, out_version = hit
-            if (
-                src is x._local
-                and autograd.version(src) == src_version
-                and autograd.version(out) == out_version
+            src, out, seq = hit
+            if src is x._local and (
+                _LAST_WRITE[0] == seq  # nothing written since, anywhere
+                or not (_written_after(src, seq) or _written_after(out, seq))
             ):
                 return out
     return None
@@ -1522,11 +1522,8 @@ def _remember(x: DistTensor, dst: DistSpec, local: Any) -> None:
     memo = x._moved
     if memo is None:
         memo = x._moved = {}
-    source = x._local
-    if _LAST_WRITE[0] == 1:  # nothing written yet in this process: autograd.version's 1
-        memo[dst] = (source, local, 1, 1)
-    else:
-        memo[dst] = (source, local, autograd.version(source), autograd.version(local))
+    # good while neither array is written after the latest write so far (``remembered``)
+    memo[dst] = (x._local, local, _LAST_WRITE[0])
 
 
 def _drop(items: list, t: Any) -> None:
