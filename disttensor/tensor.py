@@ -850,6 +850,10 @@ def _nd():
 def _incomparable(x: DistTensor, o: Any, error: TypeError, value: bool) -> DistTensor:
     """``x == o`` (``x != o``: ``value`` True) where numpy's ufunc has no loop for ``o``
     (Note [Comparisons numpy cannot make]); any other error is raised as it is."""
+    if isinstance(o, DistTensor) or (
+        type(o) in (list, tuple) and any(isinstance(e, DistTensor) for e in o)
+    ):  # never gathered here: an error between tensors is the op's
+        raise error
     try:  # numpy's own answer on 0-d stand-ins of the two dtypes: no loop, or another error
         kind = np.asarray(o).dtype
         np.not_equal(np.zeros((), x.dtype), np.zeros((), kind))
