@@ -590,13 +590,12 @@ def _sequences(op: Op, args: tuple, attrs: dict) -> tuple | None:
     DistTensor and makes a numeric array; None where none does. Raises numpy's error for a
     string argument the kernel refuses."""
     out = None
-    checked = False
+    probe = None  # the kernel's arguments for numpy's error: stand-ins, the text as it is
     for i, a in enumerate(args):
         ta = type(a)
-        if ta not in _NUMBERS and isinstance(a, _TEXTS) and _text(a) and not op.ctx and not checked:
-            with np.errstate(all="ignore"):
-                op.kernel(*map(stand_in, args), **attrs)  # numpy's error, if it has one
-            checked = True
+        if ta not in _NUMBERS and isinstance(a, _TEXTS) and _text(a):
+            if probe is None:
+                probe = [stand_in(b) for b in args]
         elif (ta is list or ta is tuple) and not any(isinstance(e, DistTensor) for e in a):
             try:
                 arr = np.asarray(a)
@@ -606,10 +605,13 @@ def _sequences(op: Op, args: tuple, attrs: dict) -> tuple | None:
                 if out is None:
                     out = list(args)
                 out[i] = arr
-            elif arr.dtype.kind != "O" and not op.ctx and not checked:  # strings, dates
-                with np.errstate(all="ignore"):
-                    op.kernel(*[arr if b is a else stand_in(b) for b in args], **attrs)
-                checked = True
+            elif arr.dtype.kind != "O":  # strings, dates: numpy's array of them
+                if probe is None:
+                    probe = [stand_in(b) for b in args]
+                probe[i] = arr
+    if probe is not None and not op.ctx:
+        with np.errstate(all="ignore"):
+            op.kernel(*probe, **attrs)  # numpy's error, if it has one
     return None if out is None else tuple(out)
 
 

@@ -250,7 +250,7 @@ class DistTensor:
                 f"rank {rank} is not in this tensor's mesh {self.mesh.process_ids}; numpy() is "
                 "collective over the mesh ranks, call it there"
             )
-        full = _target(self.mesh, (Replicate(),) * self.mesh.ndim, self.shape, self.dtype)
+        full = _whole(self._spec)
         with doing("numpy()"):
             out = moved(self, full)
         if type(out) is not np.ndarray and backend.is_device(out):
@@ -854,20 +854,19 @@ def _incomparable(x: DistTensor, o: Any, error: TypeError, value: bool) -> DistT
         type(o) in (list, tuple) and any(isinstance(e, DistTensor) for e in o)
     ):  # never gathered here: an error between tensors is the op's
         raise error
+    from .creation import full
+    from .dispatch import stand_in
+
     try:  # numpy's own answer on 0-d stand-ins of the two dtypes: no loop, or another error
-        kind = np.asarray(o).dtype
-        np.not_equal(np.zeros((), x.dtype), np.zeros((), kind))
+        np.not_equal(stand_in(x), stand_in(np.asarray(o)))
     except TypeError as e:
         if not any(c.__qualname__ == "_UFuncNoLoopError" for c in type(e).__mro__):
             raise error from None
     else:
         raise error
     shape = np.broadcast_shapes(x.shape, np.shape(o))  # numpy's ValueError where they do not
-    from .creation import full
-
-    spec = x._spec
-    placements = [Replicate() if p.is_partial() else p for p in spec.placements]
-    out = full(x.shape, value, bool, mesh=spec.mesh, placements=placements)
+    plain = x._spec.without_partials()
+    out = full(x.shape, value, bool, mesh=plain.mesh, placements=plain.placements)
     if shape != x.shape:  # the operand widens it: broadcast by an op
         out = _ops().logical_or(out, np.full(np.shape(o), value))
     return out

@@ -448,8 +448,9 @@ def _sliced_split(x: DistTensor, ckey: tuple, plans: dict) -> DistTensor | None:
         plan = plans[rank] = _slice_plan(spec, ckey, rank)
     if plan is _BY_RULE:
         return None
-    out_spec, fetch, index, coord, shape, own = plan
-    if own is not None:  # every row this rank's slice needs is its own: one copy of them
+    out_spec, fetch, index, coord, shape = plan
+    own = fetch[4]  # the box's index in the shard where every row it needs is its own
+    if own is not None:  # one copy of them
         local = x._local[own][index].copy().reshape(shape)
     else:
         piece = _reshard.deliver(x._local, spec, fetch)
@@ -488,8 +489,7 @@ _BY_RULE = "rule"  # a key the getitem rule takes (every split kept: a view; or 
 
 def _slice_plan(spec: DistSpec, ckey: tuple, rank: int) -> tuple | str:
     """(output spec, this rank's fetch plan, index into the fetched box, coordinate, local
-    shape, the index of the box in this rank's shard where the box is all its own rows or
-    None) of ``x[ckey]`` for a tensor of ``spec`` (Note [Slices of split axes]), or
+    shape) of ``x[ckey]`` for a tensor of ``spec`` (Note [Slices of split axes]), or
     ``_BY_RULE``."""
     mesh = spec.mesh
     entries = [k for k in ckey if k is not None]
@@ -511,7 +511,7 @@ def _slice_plan(spec: DistSpec, ckey: tuple, rank: int) -> tuple | str:
     if coord is not None:
         index = _within_box(ckey, where, out_spec.local_box(coord), dict(wants)[rank])
     fetch = _reshard.fetch_plan(spec.without_partials(), wants, rank)
-    return out_spec, fetch, index, coord, out_spec.local_shape(coord), fetch[4]
+    return out_spec, fetch, index, coord, out_spec.local_shape(coord)
 
 
 def _source_box(ckey: tuple, where: dict, out_spec: DistSpec, coord) -> tuple:
