@@ -392,14 +392,15 @@ def test_a_string_operand_raises_numpys_error_before_any_move():
         assert all(got is not None and total == 0 for got, total in results), results
 
 
+@pytest.mark.parametrize("n", [7, 3])  # uneven shards; 3 elements: an empty shard on 4 ranks
 @pytest.mark.parametrize("mesh_shape", [(1,), (2,), (3,), (4,), (2, 2)])
-def test_equality_with_an_operand_numpy_cannot_compare(mesh_shape):
+def test_equality_with_an_operand_numpy_cannot_compare(mesh_shape, n):
     """Note [Comparisons numpy cannot make]: ``x == "a"`` is numpy's all-False array (``!=``
     all True) of the broadcast shape, on split, uneven, empty and Partial shards, with no
     communication; shapes that do not broadcast raise numpy's ValueError; ``np.equal``
     keeps numpy's TypeError."""
-    g = np.arange(7.0)
-    operands = ["a", b"x", np.datetime64("2020-01-01"), np.array([["a"], ["b"]]), ["a"] * 7]
+    g = np.arange(float(n))
+    operands = ["a", b"x", np.datetime64("2020-01-01"), np.array([["a"], ["b"]]), ["a"] * n]
 
     def body(mesh):
         rest = [dt.Replicate()] * (mesh.ndim - 1)
@@ -437,3 +438,67 @@ def test_equality_with_an_operand_numpy_cannot_compare(mesh_shape):
                 k += 1
         assert out[k] == ["ValueError", "UFuncTypeError"], out[k]
         k += 1
+
+
+@pytest.mark.parametrize("n", [7, 3])  # uneven shards; 3 rows: an empty shard on 4 ranks
+@pytest.mark.parametrize("mesh_shape", [(1,), (2,), (3,), (4,), (2, 2)])
+def test_operators_whose_operand_moves_stay_on_the_operators_path(mesh_shape, n, monkeypatch):
+    """Note [Dispatch fast path]: an operator whose operand moves (``A @ p`` with a new split
+    p each call, ``s / d`` and ``2 - d`` with d a new Partial scalar) moves it itself on
+    ``binary``'s path from its second call, reaching neither ``_call`` nor the general path:
+    numpy's values and the first call's placements and lineage each call, the same
+    collectives in every call after the first (which may also move A, once: Note [One move
+    per tensor]); with a gradient, numpy's gradient."""
+    A = np.arange(n * n, dtype=float).reshape(n, n) / 10 + np.eye(n)
+    p = np.linspace(1.0, 2.0, n)
+    counts = threading.local()
+    real_call, real_general = dispatch._call, dispatch._general
+
+    def count(name, fn):
+        def counted(*args, **kwargs):
+            setattr(counts, name, getattr(counts, name, 0) + 1)
+            return fn(*args, **kwargs)
+
+        return counted
+
+    monkeypatch.setattr(dispatch, "_call", count("call", real_call))
+    monkeypatch.setattr(dispatch, "_general", count("general", real_general))
+
+    def body(mesh):
+        first = [dt.Shard(0)] + [dt.Replicate()] * (mesh.ndim - 1)
+        At = dt.shard_tensor(A, mesh, first)
+        pt = dt.shard_tensor(p, mesh, first)
+        calls = {
+            "A @ p": (lambda: At @ (pt * 1.0), A @ p),  # a new p each call, as in a loop
+            "s / d": (lambda: (pt @ pt) / (pt @ (pt * 0.5)), (p @ p) / (p @ (p * 0.5))),
+            "2 - d": (lambda: 2.0 - pt @ pt, 2.0 - p @ p),
+        }
+        out = {}
+        for name, (fn, want) in calls.items():
+            with dt.CommCounter() as cc:
+                r = fn()
+            got = [(r.numpy(), r.placements, r._lin, cc.total)]
+            counts.call = counts.general = 0
+            for _ in range(2):
+                with dt.CommCounter() as cc:
+                    r = fn()
+                got.append((r.numpy(), r.placements, r._lin, cc.total))
+            out[name] = (counts.call, counts.general, want, got)
+        w = dt.shard_tensor(p, mesh, first, requires_grad=True)
+        (At @ w).sum().backward()
+        out["grad"] = w.grad.numpy()
+        return out
+
+    from op_cases import on_mesh
+
+    result = on_mesh(mesh_shape, body)
+    np.testing.assert_allclose(result.pop("grad"), A.sum(axis=0), rtol=1e-13)
+    for name, (calls, general, want, got) in result.items():
+        assert (calls, general) == (0, 0), (name, calls, general)
+        for value, placements, lin, _ in got:
+            np.testing.assert_allclose(value, want, rtol=1e-13, err_msg=name)
+            assert (placements, lin) == got[0][1:3], name
+        assert got[1][3] == got[2][3] <= got[0][3], name
+        if int(np.prod(mesh_shape)) > 1 and (name != "A @ p" or n == 7):
+            assert got[1][3] > 0, name  # the operand moved, each call (3 rows on 4 ranks:
+            # the rule moves A instead, once)
