@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from mpirun import run
+from mpirun import run, run_script
 
 
 @pytest.mark.mpi
@@ -160,3 +160,33 @@ def test_a_rank_that_finishes_first_waits_for_the_others(tmp_path):
     code, out = run(3, [str(path)], timeout=60)
     assert code == 0, out
     assert "done 28.0" in out and "Abort" not in out, out
+
+
+ROOM = """
+import numpy as np, disttensor as dt
+from disttensor.comm import mpi
+data_calls = []
+real = mpi.MPIComm._allgather
+mpi.MPIComm._allgather = lambda self, *a: (data_calls.append(1), real(self, *a))[1]
+mesh = dt.init_mesh((dt.get_world_size(),))
+size = mesh.size
+share = mpi.room(size) // 8  # float64 items of a rank's payload room
+for n, calls in ((256, 0), (share * size, 0), (share * size + 1, 1), (share * (size - 1), 0)):
+    v = np.arange(n, dtype=np.float64) * 0.5 - 3
+    x = dt.shard_tensor(v, mesh, [dt.Shard(0)])
+    data_calls.clear()
+    with dt.CommCounter() as c:
+        y = dt.reshard(x, mesh, [dt.Replicate()])
+    assert np.array_equal(y.to_local(), v), (n, y.to_local())
+    assert c.counts == {"all_gather": 1}, (n, c.counts)  # whichever way it travels
+    assert len(data_calls) == calls, (n, data_calls)
+print("ROOM OK")
+"""
+
+
+@pytest.mark.mpi
+def test_a_gather_that_fills_the_room_is_the_envelope_alone(tmp_path):
+    """Note [The check rides along]: every rank's part filling its payload room exactly (the
+    half of 256 float64 on 2 ranks, a quarter on 4) is gathered in the envelope, one MPI call;
+    one item more, and the data call follows the envelope."""
+    run_script(tmp_path / "room.py", ROOM, (2, 4), "ROOM OK")

@@ -61,14 +61,18 @@ Note [The check rides along]
     * Otherwise (a payload too large on some rank, device buffers, a bare ``agree``) the
       envelope is the check alone and the data call follows, as before; the slot's size
       costs nothing next to such data.
-    * ``room`` is about 2 KiB over the whole group (mpi.ENVELOPE_BYTES divided by the ranks,
-      less the 16-byte header): 1008 bytes a rank on 2 ranks, 240 on 8, none from 128 ranks,
-      so up to 128 ranks an envelope gathers at most 2 KiB; beyond, 16 bytes a rank (the
-      16-byte all-reduce it replaces grew with the log of the ranks only). The slot is the
-      same size whatever the call (ranks in different calls must still meet in one MPI call
-      of one size), so its size is what the smallest collectives pay: on 2 ranks (MPICH
-      5.0.2) an all-gather of 2064-byte slots took 0.3 to 0.9 us more than one of 1040,
-      which in turn is within 0.1 us of a 32-byte one.
+    * ``room`` is the rank's share of 2 KiB of payload (mpi.ENVELOPE_BYTES divided by the
+      ranks, a multiple of 16; the 16-byte header comes on top): 1024 bytes a rank on 2 ranks,
+      512 on 4, 256 on 8, none from 256 ranks, so an envelope gathers at most 2 KiB of
+      payload; beyond, 16 bytes a rank (the 16-byte all-reduce it replaces grew with the log
+      of the ranks only). The slot is the same size whatever the call (ranks in different
+      calls must still meet in one MPI call of one size), so its size is what the smallest
+      collectives pay: on 2 ranks (MPICH 5.0.2) an all-gather of 2064-byte slots took 0.3 to
+      0.9 us more than one of 1040, which in turn is within 0.1 us of a 32-byte one. The room
+      is a round number where the ranks are a power of two because payloads often are: the
+      half of a 256-element float64 vector (1 KiB, the gather of ``A @ p`` in a conjugate
+      gradient) rides on 2 ranks in one call, where 1008 bytes of room took the envelope and
+      then the data call (57.7 -> 50.2 us per iteration of that program).
 
     The alternatives, as raw mpi4py on 2 ranks (bench/collectives.py --alternatives; MPICH
     5.0.2, an 8-float all-reduce alone 3.42 us; docs/performance.md, "The agreement check

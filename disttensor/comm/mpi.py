@@ -84,13 +84,15 @@ def _bytes(a: np.ndarray) -> np.ndarray:
 
 # -- the envelope (Note [The check rides along] in comm/agree.py) -----------------------------
 HEAD = 16  # a slot's header: the fingerprint and the payload's byte size (-1: none), int64
-ENVELOPE_BYTES = 2048  # a group's envelope gathers about this much at most
+ENVELOPE_BYTES = 2048  # the payload a group's envelope gathers at most (headers apart)
 
 
 def room(size: int) -> int:
-    """Payload bytes a rank's slot holds in a group of ``size`` ranks (a multiple of 16, so
-    every payload starts 16-byte aligned)."""
-    return max(0, (ENVELOPE_BYTES // size - HEAD) // 16 * 16)
+    """Payload bytes a rank's slot holds in a group of ``size`` ranks: its share of
+    ENVELOPE_BYTES, a multiple of 16 (so every payload starts 16-byte aligned) and a round
+    number where the ranks are a power of two (1 KiB on 2 ranks: a vector of 128 float64,
+    the half of a 256-element one; the header comes on top)."""
+    return ENVELOPE_BYTES // size // 16 * 16
 
 
 class _Envelope:
