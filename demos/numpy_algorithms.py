@@ -14,7 +14,8 @@ with their data sharded over every rank (``dt.shard_tensor`` on a 1-D mesh):
 - ``stencil``: a 2-D explicit diffusion step on a plate split by rows, ``u[1:-1, 1:-1]``
   updated in place from shifted slices; the plate has 37 rows (see below);
 - ``cg``: conjugate gradient on a row-split SPD matrix with every vector split like its rows
-  (Shard(0)), so the product ``A @ p`` gathers p, as the textbook distributed CG does;
+  (Shard(0)), so the product ``A @ p`` gathers p, as the textbook distributed CG does; 61
+  unknowns, and 256 (where ops cost less next to numpy's work on the larger arrays);
 - ``power``: power iteration ``w = A @ v; lam = v @ w; v = w / np.linalg.norm(w)`` on a
   row-split symmetric matrix, v a numpy vector at the start (then split like w);
 - ``logistic``: batch gradient descent for logistic regression, ``dw = X.T @ (sigmoid(X @ w)
@@ -42,8 +43,9 @@ checked equal; and the time per iteration of each (``--rounds`` runs of each, in
 after a warm-up run: each iteration starts after a barrier, its time is the max over the
 ranks, the median over the iterations after the first is shown with dt's ratio to the
 hand-written time, which is reported, not checked). dt's time includes its agreement check
-before each collective (a 16-byte all-reduce; ``DISTTENSOR_CHECK=0`` turns it off), shown
-beside the collectives. A failed check exits 1 on every rank.
+of each collective (it travels in the collective's own first message, Note [The check rides
+along] in disttensor/comm/agree.py; ``DISTTENSOR_CHECK=0`` turns it off), counted beside the
+collectives. A failed check exits 1 on every rank.
 
 Shifted slices of a split axis are split again by ``numpy.array_split`` over their own
 length, so a stencil step moves just the halo rows when the interior's split boundaries sit
@@ -223,9 +225,8 @@ def plate(rows: int) -> Callable[[], dict]:
     return inputs
 
 
-def cg_inputs() -> dict:
+def cg_inputs(n: int = 61) -> dict:
     rng = np.random.default_rng(12)
-    n = 61
     M = rng.standard_normal((n, n))
     return {"A": M @ M.T / n + np.eye(n), "b": rng.standard_normal(n), "x": np.zeros(n)}
 
@@ -349,6 +350,11 @@ CASES = (
     Case(
         "cg", "rows, Shard(0) vectors", cg_inputs, {"A": [S0], "b": [S0], "x": [S0]}, cg_step,
         12, partial(hw.cg, steps=12), hw.cg_bytes, start=cg_start, finish=cg_finish,
+        hw_calls=hw.cg_calls,
+    ),
+    Case(
+        "cg", "rows, 256 unknowns", partial(cg_inputs, 256), {"A": [S0], "b": [S0], "x": [S0]},
+        cg_step, 12, partial(hw.cg, steps=12), hw.cg_bytes, start=cg_start, finish=cg_finish,
         hw_calls=hw.cg_calls,
     ),
     Case(
