@@ -99,17 +99,18 @@ def _whole(name: str) -> Op:
     """A reduction the rule gives whole axes (prod, all, any, argmax, argmin): numpy's
     function of that name on the host, the array module's on a device."""
     f = getattr(np, name)
+    method = getattr(np.ndarray, name)  # what numpy's function calls on an ndarray
+
+    def kernel(x, axis=None, keepdims=False):
+        if type(x) is np.ndarray:  # the method itself: the function's wrapper costs 1 us
+            return method(x, axis=axis, keepdims=keepdims)
+        return f(x, axis=axis, keepdims=keepdims)
 
     def device(be):
         g = getattr(be.xp, name)
         return lambda x, axis=None, keepdims=False: g(x, axis=axis, keepdims=keepdims)
 
-    return Op(
-        name,
-        lambda x, axis=None, keepdims=False: f(x, axis=axis, keepdims=keepdims),
-        rule=name,
-        device=device,
-    )
+    return Op(name, kernel, rule=name, device=device)
 
 
 def _extreme_op(name: str, ufunc, fill) -> Op:

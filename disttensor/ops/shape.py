@@ -65,13 +65,12 @@ def _relaid(out_shape):
     and expand_dims too: a sharded size-1 axis is 0 long off coordinate 0, which
     np.squeeze would refuse."""
 
+    # the method, on host and device arrays alike (np.reshape is a Python wrapper around
+    # it that costs a microsecond)
     def kernel(x, *, ctx: KernelContext | None = None, **attrs):
-        return np.reshape(x, _local(ctx, lambda: out_shape(_global_shape(x, ctx), **attrs)))
-
-    def device(x, *, ctx: KernelContext | None = None, **attrs):  # the method: any array
         return x.reshape(_local(ctx, lambda: out_shape(_global_shape(x, ctx), **attrs)))
 
-    kernel.device = device
+    kernel.device = kernel
     return kernel
 
 
@@ -185,6 +184,7 @@ def _relaid_op(name: str, out_shape) -> Op:
     return Op(name, kernel, rule=name, ctx=True, device=lambda be: kernel.device)
 
 
+_ND = np.ndarray
 OPS: dict[str, Op] = {
     "getitem_grad": Op(
         "getitem_grad", _getitem_grad, rule="getitem_grad", ctx=True, device=with_xp(_getitem_grad)
@@ -192,15 +192,18 @@ OPS: dict[str, Op] = {
     "reshape": _relaid_op("reshape", lambda s, shape: reshape_shape(s, shape)),
     "expand_dims": _relaid_op("expand_dims", lambda s, axis: expand_dims_shape(s, axis)),
     "squeeze": _relaid_op("squeeze", lambda s, axis=None: squeeze_shape(s, axis)),
+    # the methods, which numpy's functions call through a Python wrapper (1 us) on an array
     "transpose": Op(
         "transpose",
-        lambda x, axes=None: np.transpose(x, axes),
+        lambda x, axes=None: x.transpose(axes) if type(x) is _ND else np.transpose(x, axes),
         rule="transpose",
         device=lambda be: lambda x, axes=None: be.xp.transpose(x, axes),
     ),
     "swapaxes": Op(
         "swapaxes",
-        lambda x, axis1, axis2: np.swapaxes(x, axis1, axis2),
+        lambda x, axis1, axis2: (
+            x.swapaxes(axis1, axis2) if type(x) is _ND else np.swapaxes(x, axis1, axis2)
+        ),
         rule="swapaxes",
         device="swapaxes",
     ),
@@ -210,7 +213,9 @@ OPS: dict[str, Op] = {
     "tile": Op("tile", lambda x, reps: np.tile(x, reps), rule="tile", device="tile"),
     "repeat": Op(
         "repeat",
-        lambda x, repeats, axis: np.repeat(x, repeats, axis),
+        lambda x, repeats, axis: (
+            x.repeat(repeats, axis) if type(x) is _ND else np.repeat(x, repeats, axis)
+        ),
         rule="repeat",
         device=lambda be: lambda x, repeats, axis: be.xp.repeat(x, repeats, axis),
     ),
