@@ -67,7 +67,7 @@ from .. import reshard as _reshard
 from ..accounting import outside_rules
 from ..placement import Partial, Replicate
 from ..spmd.shape_rules import broadcast_shapes, canonical_key, index_layout, within
-from ..tensor import DistTensor, code_of, reshard
+from ..tensor import DistTensor, code_of, moved, reshard
 from . import indexing
 
 
@@ -464,7 +464,17 @@ def inplace(ufunc: np.ufunc, target: DistTensor, other: Any) -> DistTensor:
             # the sum first, as numpy computes it: ``w -= lr * g`` with a Partial gradient
             # reduces it to the target's layout (an all-reduce, or a reduce-scatter into a
             # split target), and the op's result is then laid out as the target and copied
-            # straight in; the op's rule would keep ``w - u`` Partial and move the result
+            # straight in; the op's rule would keep ``w - u`` Partial and move the result.
+            # On host shards of a mesh of every rank, the reduced shard goes straight into
+            # numpy's in-place ufunc: the same move and values (one dtype), without a
+            # DistTensor for the moved value, the op's result and the copy
+            tspec = target._spec
+            if type(target._local) is np.ndarray and tspec.mesh.size == comm.world().size:
+                ospec = other._spec
+                ufunc(target._local, moved(other, tspec, None, _reshard.move(ospec, tspec)),
+                      out=target._local)  # fmt: skip
+                _written(target)
+                return target
             with autograd.no_grad():
                 other = reshard(other, target.mesh, target.placements)
         result = (_EW or _ops_ew())[op](target, other)
