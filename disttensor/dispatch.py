@@ -1171,8 +1171,17 @@ def _decide(op: Op, specs, pos, nargs, attrs, mesh):
         nargs=nargs,
         **attrs,
     )
-    targets = tuple(s.replace(placements=p) for s, p in zip(specs, res.inputs))
+    targets = tuple(_target(s, p) for s, p in zip(specs, res.inputs))
     return targets, res.outputs, res.shapes, _moves(specs, firsts, targets), {}
+
+
+def _target(spec: DistSpec, placements: tuple) -> DistSpec:
+    """``spec`` with ``placements``; where that is its Partials read as Replicate (a
+    reduction), the very object ``without_partials`` keeps on it, so moves and remembered
+    values compare it by identity (``tensor._together``, the memo's dict)."""
+    plain = spec.without_partials()
+    placements = tuple(placements)
+    return plain if plain.placements == placements else spec.replace(placements=placements)
 
 
 def _moves(specs, firsts, targets):
