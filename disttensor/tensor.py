@@ -29,6 +29,7 @@ from . import autograd, backend, comm
 from . import reshard as _reshard
 from ._format import format_array, shown_indices
 from .accounting import outside_rules
+from .comm import _ctx as _comm_ctx
 from .comm import agree
 from .comm.agree import doing
 from .comm.base import reduce_arrays
@@ -1260,7 +1261,8 @@ def reshard(x: DistTensor, mesh: ProcessMesh, placements: Sequence[Placement]) -
         dst, how = spec.__dict__["_to"][(mesh, *placements)]
     except (KeyError, TypeError):
         dst, how = _reshard_target(spec, mesh, placements)
-    if comm.world().size <= mesh.max_rank:  # a world without the mesh's ranks (simulate)
+    # a world without the mesh's ranks (simulate); comm.world(), inline
+    if (_comm_ctx.world or comm._mpi_world or comm.world()).size <= mesh.max_rank:
         check_world(mesh, "reshard")
     if how is None:  # the same layout
         return x
@@ -1523,10 +1525,11 @@ def moved(x: DistTensor, dst: DistSpec, chain: tuple | None = None, how: Any = N
 def _remember(x: DistTensor, dst: DistSpec, local: Any) -> None:
     """Keep ``local``, x's array in layout ``dst``, on x (Note [One move per tensor])."""
     memo = x._moved
-    if memo is None:
-        memo = x._moved = {}
     # good while neither array is written after the latest write so far (``remembered``)
-    memo[dst] = (x._local, local, _LAST_WRITE[0])
+    if memo is None:
+        x._moved = {dst: (x._local, local, _LAST_WRITE[0])}
+    else:
+        memo[dst] = (x._local, local, _LAST_WRITE[0])
 
 
 def _drop(items: list, t: Any) -> None:

@@ -35,7 +35,8 @@ import numpy as np
 
 from ..backend import DEVICE_ARRAYS, of
 from . import agree
-from .agree import _doing
+from .agree import _MIX, _doing
+from .agree import MASK as _MASK
 from .base import Communicator, Work, _observers, displacements, equal_counts, record
 from .watchdog import WATCH
 
@@ -211,7 +212,8 @@ def _folded(plan: list, at: int, fp: int) -> int:
         last[0], last[1], last[2] = hit
         folded = hit[2]
     lin = stack.lin  # the moved tensor's (Note [Lineage names the tensor] in tensor.py)
-    return folded if lin is None else agree.with_tensor(folded, lin)
+    # agree.with_tensor, written out
+    return folded if lin is None else folded ^ ((lin * _MIX) & _MASK)
 
 
 def _host(a: Any, b: Any) -> bool:
