@@ -189,4 +189,4 @@ def test_a_gather_that_fills_the_room_is_the_envelope_alone(tmp_path):
     """Note [The check rides along]: every rank's part filling its payload room exactly (the
     half of 256 float64 on 2 ranks, a quarter on 4) is gathered in the envelope, one MPI call;
     one item more, and the data call follows the envelope."""
-    run_script(tmp_path / "room.py", ROOM, (2, 4), "ROOM OK")
+    run_script(tmp_path / "script.py", ROOM, (2, 4), "ROOM OK")
