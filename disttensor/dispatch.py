@@ -416,11 +416,25 @@ def binary(op: Op, x: Any, y: Any) -> Any:
         elif ty in _SCALARS and type(xl) is _ND:
             key, yl, grad = (op, _NO_ATTRS, id(x._spec), None), y, x.requires_grad
             lx, ly = x._lin, y if y == y else _NAN
+        elif ty is _ND and type(xl) is _ND and not x.requires_grad:
+            # a numpy operand (``labels == np.arange(k)``): _call's Note [Array operands of
+            # one spec] written out, a Replicate DistTensor of a kept spec
+            if (t := _operand(y, x._spec.mesh)) is None:
+                return _call(op, x, y)
+            y = t
+            key, yl, grad = (op, _NO_ATTRS, id(x._spec), id(y._spec)), y._local, False
+            lx, ly = x._lin, y._lin
         else:
             return _call(op, x, y)
     elif ty is DistTensor and tx in _SCALARS and type(yl := y._local) is _ND:
         key, xl, grad = (op, _NO_ATTRS, None, id(y._spec)), x, y.requires_grad
         lx, ly = x if x == x else _NAN, y._lin
+    elif ty is DistTensor and tx is _ND and type(yl := y._local) is _ND and not y.requires_grad:
+        if (t := _operand(x, y._spec.mesh)) is None:  # ``np.arange(k) < t``
+            return _call(op, x, y)
+        x = t
+        key, xl, grad = (op, _NO_ATTRS, id(x._spec), id(y._spec)), x._local, False
+        lx, ly = x._lin, y._lin
     else:
         return _call(op, x, y)
     entry = _cache.get(key)
@@ -660,19 +674,28 @@ def _operands(args: tuple) -> tuple | None:
     out = list(args)
     for i, a in enumerate(args):
         if type(a) is _ND:
-            key = (mesh, a.shape, a.dtype)
-            hit = _OPERAND_SPECS.get(key)
-            if hit is None:
-                if a.dtype.kind not in "biufc":
-                    return None
-                if len(_OPERAND_SPECS) >= 1024:
-                    _OPERAND_SPECS.clear()
-                hit = _OPERAND_SPECS[key] = (_replicate(a, mesh)._spec, token(a))
-            t = out[i] = DistTensor(a, hit[0])
-            t._lin = hit[1]  # an array's token: its shape and dtype
+            t = out[i] = _operand(a, mesh)
+            if t is None:
+                return None
         elif type(a) in _ARRAYS:  # a device array, or an array type of another backend
             return None
     return tuple(out)
+
+
+def _operand(a: np.ndarray, mesh) -> DistTensor | None:
+    """Host array ``a`` as a Replicate DistTensor on ``mesh`` (its spec kept per shape and
+    dtype), or None for a dtype that is not numeric (the general path says why)."""
+    key = (mesh, a.shape, a.dtype)
+    hit = _OPERAND_SPECS.get(key)
+    if hit is None:
+        if a.dtype.kind not in "biufc":
+            return None
+        if len(_OPERAND_SPECS) >= 1024:
+            _OPERAND_SPECS.clear()
+        hit = _OPERAND_SPECS[key] = (_replicate(a, mesh)._spec, token(a))
+    t = DistTensor(a, hit[0])
+    t._lin = hit[1]  # an array's token: its shape and dtype
+    return t
 
 
 _OPERAND_SPECS: dict[tuple, tuple] = {}  # (mesh, shape, dtype) -> (spec, the array's token)

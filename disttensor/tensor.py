@@ -400,15 +400,15 @@ class DistTensor:
     def __rdivmod__(self, o):
         return _ops().array_ufunc(np.divmod, "__call__", (o, self), {})
 
-    def __eq__(self, o):
+    def __eq__(self, o):  # type: ignore[override]
         try:
-            return _ops().equal(self, o)  # type: ignore[override]
+            return _binary(_EW["equal"], self, o)
         except TypeError as e:
             return _incomparable(self, o, e, False)
 
-    def __ne__(self, o):
+    def __ne__(self, o):  # type: ignore[override]
         try:
-            return _ops().not_equal(self, o)  # type: ignore[override]
+            return _binary(_EW["not_equal"], self, o)
         except TypeError as e:
             return _incomparable(self, o, e, True)
 

@@ -252,8 +252,10 @@ def test_operators_take_the_fast_path_as_the_general_path_does(monkeypatch):
 def test_array_operands_take_the_fast_path_with_numpys_values(mesh_shape, monkeypatch):
     """A numpy array among an op's arguments (Note [Array operands of one spec]): repeated
     calls give numpy's values, dtypes and the first call's placements and lineage, and after
-    the first they do not reach the general path; a call with a gradient to record keeps it
-    (its gradient is numpy's), and an array of another shape or dtype decides again."""
+    the first they do not reach the general path, nor, through an operator (either side),
+    ``_call``'s generic argument handling (``binary`` converts the array itself); a call with
+    a gradient to record keeps it (its gradient is numpy's), and an array of another shape or
+    dtype decides again."""
     labels = np.array([0, 2, 1, 4, 4, 3, 0])  # 7 rows: uneven, and an empty shard on 4 ranks
     X = np.arange(21.0).reshape(7, 3)
     k = np.arange(5)[None, :]
@@ -267,6 +269,14 @@ def test_array_operands_take_the_fast_path_with_numpys_values(mesh_shape, monkey
         return real(*args)
 
     monkeypatch.setattr(dispatch, "_general", counting)
+    generic = threading.local()
+    real_call = dispatch._call
+
+    def calling(*args, **attrs):
+        generic.n = getattr(generic, "n", 0) + 1
+        return real_call(*args, **attrs)
+
+    monkeypatch.setattr(dispatch, "_call", calling)  # binary's fallback (Op() calls keep theirs)
     size = int(np.prod(mesh_shape))
 
     def body():
@@ -286,17 +296,21 @@ def test_array_operands_take_the_fast_path_with_numpys_values(mesh_shape, monkey
         out = {}
         for name, (fn, want) in calls.items():
             got = [fn()]
-            general.n = 0
+            general.n = generic.n = 0
             got += [fn(), fn()]
-            out[name] = (general.n, want, [(r.numpy(), r.dtype, r.placements, r._lin) for r in got])
+            out[name] = (general.n, generic.n, want,
+                         [(r.numpy(), r.dtype, r.placements, r._lin) for r in got])  # fmt: skip
         w = dt.shard_tensor(X, mesh, first, requires_grad=True)
         (w * np.arange(3.0)).sum().backward()
         out["grad"] = w.grad.numpy()
         return out
 
     for result in dt.simulate(size, body):
-        for name, (decided, want, got) in ((n, r) for n, r in result.items() if n != "grad"):
+        for name, (decided, generic, want, got) in (
+            (n, r) for n, r in result.items() if n != "grad"
+        ):
             assert decided == 0, (name, decided)  # the first call alone decided
+            assert generic == 0 or name == "where", (name, generic)  # operators: binary alone
             for value, dtype, placements, lin in got:
                 np.testing.assert_array_equal(value, want, err_msg=name)
                 assert dtype == want.dtype, (name, dtype)
