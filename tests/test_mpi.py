@@ -190,3 +190,12 @@ def test_a_gather_that_fills_the_room_is_the_envelope_alone(tmp_path):
     half of 256 float64 on 2 ranks, a quarter on 4) is gathered in the envelope, one MPI call;
     one item more, and the data call follows the envelope."""
     run_script(tmp_path / "script.py", ROOM, (2, 4), "ROOM OK")
+
+
+@pytest.mark.mpi
+def test_cg_lines_benchmark_runs():
+    """bench/cg_lines.py --quick checks every variant's x against numpy's CG and counts dt's
+    collectives per iteration (the hand-written 3); no timing is asserted here."""
+    code, out = run(2, ["bench/cg_lines.py", "--quick"], timeout=120)
+    assert code == 0, out
+    assert "ratio to hand" in out and "collectives per iteration: dt 3 " in out, out
