@@ -216,12 +216,23 @@ def test_host_and_device_operands_in_one_op_are_a_clear_error():
                 call()
             errors.append(str(e.value))
         scalar = d * np.array(2.0)  # a 0-d host array is a scalar, as for numpy
+        # in place, a Partial device operand into a host target and the other way round
+        u = dt.dtensor_from_local(d.to_local()[:1], mesh, [dt.Partial()], global_shape=(1, 3))
+        w = dt.shard_tensor(np.zeros((1, 3)), mesh, [dt.Replicate()])
+        hu = dt.shard_tensor(np.ones((1, 3)), mesh, [dt.Partial()])
+        wd = w.to_device("fake")
+        for call in (lambda: w.__iadd__(u), lambda: wd.__isub__(hu)):
+            with pytest.raises(TypeError, match="different devices") as e:
+                call()
+            errors.append(str(e.value))
         return errors, type(y.to_local()), np.array_equal(scalar.numpy(), 2 * g)
 
     errors, kind, ok = every_rank(dt.simulate(2, program))
     assert kind is fake_device.FakeArray and ok
     assert "add: operands on different devices (fake and numpy)" in errors[0]
     assert "never copies between them silently" in errors[2]
+    assert "add: operands on different devices (numpy and fake)" in errors[5], errors[5]
+    assert "subtract: operands on different devices (fake and numpy)" in errors[6], errors[6]
 
 
 def test_device_shards_are_not_handed_to_numpy_functions():

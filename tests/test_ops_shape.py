@@ -501,3 +501,29 @@ def test_errors_on_every_rank(call, exc, match):
         return True
 
     assert dt.simulate(2, f, timeout=10) == [True, True]
+
+
+def test_functions_on_python_scalars_and_lists_are_numpys():
+    """A dt function called on values that are not tensors (a Python scalar, a list) runs its
+    host kernel on them as they are: numpy's result, or numpy's error (the kernels call an
+    array's method, which Python scalars do not have)."""
+    calls = [
+        ("ravel", (5,)), ("squeeze", (2.5,)), ("expand_dims", (2.0, 0)), ("repeat", (3, 2)),
+        ("reshape", (5, (1,))), ("reshape", ([[1, 2], [3, 4]], (4,))), ("transpose", (7,)),
+        ("swapaxes", ([[1, 2]], 0, 1)), ("clip", (5, 0, 3)), ("argmin", ([3, 1, 2],)),
+        ("argmax", (4.0,)), ("prod", ([2, 3],)), ("all", (1,)), ("any", ([0, 0],)),
+        ("squeeze", (3, 2)), ("reshape", (3, 2)),
+    ]  # fmt: skip
+    for name, args in calls:
+        try:
+            want, err = getattr(np, name)(*args), None
+        except Exception as e:
+            want, err = None, type(e)
+        if err is not None:
+            with pytest.raises(err):
+                getattr(dt, name)(*args)
+            continue
+        got = getattr(dt, name)(*args)
+        got = got.numpy() if isinstance(got, dt.DistTensor) else np.asarray(got)
+        np.testing.assert_array_equal(got, want, err_msg=f"{name}{args}")
+        assert got.dtype == np.asarray(want).dtype and got.shape == np.shape(want), (name, args)

@@ -469,7 +469,11 @@ def inplace(ufunc: np.ufunc, target: DistTensor, other: Any) -> DistTensor:
             # numpy's in-place ufunc: the same move and values (one dtype), without a
             # DistTensor for the moved value, the op's result and the copy
             tspec = target._spec
-            if type(target._local) is np.ndarray and tspec.mesh.size == comm.world().size:
+            if (
+                type(target._local) is np.ndarray
+                and type(other._local) is np.ndarray
+                and tspec.mesh.size == comm.world().size
+            ):
                 ospec = other._spec
                 ufunc(target._local, moved(other, tspec, None, _reshard.move(ospec, tspec)),
                       out=target._local)  # fmt: skip

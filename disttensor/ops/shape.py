@@ -42,6 +42,8 @@ from ..spmd.shape_rules import (
 from ..tensor import DistTensor, code_of, derive, name_unnamed, token
 from . import indexing, mutation
 
+_ND = np.ndarray
+
 
 # -- kernels ---------------------------------------------------------------------------------
 def _local(ctx: KernelContext | None, shape_fn: Callable[[], tuple[int, ...]]) -> tuple[int, ...]:
@@ -65,12 +67,16 @@ def _relaid(out_shape):
     and expand_dims too: a sharded size-1 axis is 0 long off coordinate 0, which
     np.squeeze would refuse."""
 
-    # the method, on host and device arrays alike (np.reshape is a Python wrapper around
-    # it that costs a microsecond)
     def kernel(x, *, ctx: KernelContext | None = None, **attrs):
+        shape = _local(ctx, lambda: out_shape(_global_shape(x, ctx), **attrs))
+        # an array's method (np.reshape is a Python wrapper around it that costs a
+        # microsecond); numpy's function for the Python scalars of a call without tensors
+        return x.reshape(shape) if type(x) is _ND else np.reshape(x, shape)
+
+    def device(x, *, ctx: KernelContext | None = None, **attrs):  # the method: any array
         return x.reshape(_local(ctx, lambda: out_shape(_global_shape(x, ctx), **attrs)))
 
-    kernel.device = kernel
+    kernel.device = device
     return kernel
 
 
@@ -184,7 +190,6 @@ def _relaid_op(name: str, out_shape) -> Op:
     return Op(name, kernel, rule=name, ctx=True, device=lambda be: kernel.device)
 
 
-_ND = np.ndarray
 OPS: dict[str, Op] = {
     "getitem_grad": Op(
         "getitem_grad", _getitem_grad, rule="getitem_grad", ctx=True, device=with_xp(_getitem_grad)
