@@ -251,6 +251,21 @@ def with_xp(fn: Callable[..., Any]) -> Callable[[Any], Callable[..., Any]]:
     return lambda be: functools.partial(fn, xp=be.xp)
 
 
+def host_method(name: str) -> Callable[..., Any]:
+    """The host kernel of numpy's function ``name`` that wraps an array method in Python
+    (``np.argmin``, ``np.clip``, ``np.transpose``: about a microsecond each): the method
+    itself on an ndarray, numpy's function on anything else (the Python scalars of a call
+    without tensors)."""
+    function, method = getattr(np, name), getattr(np.ndarray, name)
+
+    def kernel(x: Any, *args: Any, **kwargs: Any) -> Any:
+        if type(x) is _ND:
+            return method(x, *args, **kwargs)
+        return function(x, *args, **kwargs)
+
+    return kernel
+
+
 def _as_array(result: Any, t: type) -> Any:
     """A kernel's result that is not an array of the shards' type ``t`` (numpy scalars of
     0-d reductions) as one: numpy's on the host, the device's otherwise."""
@@ -404,6 +419,9 @@ def binary(op: Op, x: Any, y: Any) -> Any:
     on host shards, with no gradient to record, taken without ``_call``'s generic argument
     handling (Note [Dispatch fast path]); any other call is ``_call`` itself."""
     tx, ty = type(x), type(y)
+    if (tx is _ND or ty is _ND) and (sub := _operands((x, y))) is not None:
+        x, y = sub  # a numpy operand (``labels == np.arange(k)``): Note [Array operands of
+        tx = ty = DistTensor  # one spec], as _call makes it, without its generic handling
     if tx is DistTensor:
         xl = x._local
         if ty is DistTensor:
@@ -416,25 +434,11 @@ def binary(op: Op, x: Any, y: Any) -> Any:
         elif ty in _SCALARS and type(xl) is _ND:
             key, yl, grad = (op, _NO_ATTRS, id(x._spec), None), y, x.requires_grad
             lx, ly = x._lin, y if y == y else _NAN
-        elif ty is _ND and type(xl) is _ND and not x.requires_grad:
-            # a numpy operand (``labels == np.arange(k)``): _call's Note [Array operands of
-            # one spec] written out, a Replicate DistTensor of a kept spec
-            if (t := _operand(y, x._spec.mesh)) is None:
-                return _call(op, x, y)
-            y = t
-            key, yl, grad = (op, _NO_ATTRS, id(x._spec), id(y._spec)), y._local, False
-            lx, ly = x._lin, y._lin
         else:
             return _call(op, x, y)
     elif ty is DistTensor and tx in _SCALARS and type(yl := y._local) is _ND:
         key, xl, grad = (op, _NO_ATTRS, None, id(y._spec)), x, y.requires_grad
         lx, ly = x if x == x else _NAN, y._lin
-    elif ty is DistTensor and tx is _ND and type(yl := y._local) is _ND and not y.requires_grad:
-        if (t := _operand(x, y._spec.mesh)) is None:  # ``np.arange(k) < t``
-            return _call(op, x, y)
-        x = t
-        key, xl, grad = (op, _NO_ATTRS, id(x._spec), id(y._spec)), x._local, False
-        lx, ly = x._lin, y._lin
     else:
         return _call(op, x, y)
     entry = _cache.get(key)
@@ -674,28 +678,19 @@ def _operands(args: tuple) -> tuple | None:
     out = list(args)
     for i, a in enumerate(args):
         if type(a) is _ND:
-            t = out[i] = _operand(a, mesh)
-            if t is None:
-                return None
+            key = (mesh, a.shape, a.dtype)
+            hit = _OPERAND_SPECS.get(key)
+            if hit is None:
+                if a.dtype.kind not in "biufc":
+                    return None
+                if len(_OPERAND_SPECS) >= 1024:
+                    _OPERAND_SPECS.clear()
+                hit = _OPERAND_SPECS[key] = (_replicate(a, mesh)._spec, token(a))
+            t = out[i] = DistTensor(a, hit[0])
+            t._lin = hit[1]  # an array's token: its shape and dtype
         elif type(a) in _ARRAYS:  # a device array, or an array type of another backend
             return None
     return tuple(out)
-
-
-def _operand(a: np.ndarray, mesh) -> DistTensor | None:
-    """Host array ``a`` as a Replicate DistTensor on ``mesh`` (its spec kept per shape and
-    dtype), or None for a dtype that is not numeric (the general path says why)."""
-    key = (mesh, a.shape, a.dtype)
-    hit = _OPERAND_SPECS.get(key)
-    if hit is None:
-        if a.dtype.kind not in "biufc":
-            return None
-        if len(_OPERAND_SPECS) >= 1024:
-            _OPERAND_SPECS.clear()
-        hit = _OPERAND_SPECS[key] = (_replicate(a, mesh)._spec, token(a))
-    t = DistTensor(a, hit[0])
-    t._lin = hit[1]  # an array's token: its shape and dtype
-    return t
 
 
 _OPERAND_SPECS: dict[tuple, tuple] = {}  # (mesh, shape, dtype) -> (spec, the array's token)

@@ -44,7 +44,6 @@ from .spec import DistSpec, contiguous, split_offset, split_sizes
 from .spmd.core import reshard_cost
 
 _R = Replicate()
-_ND = np.ndarray
 
 
 @dataclass(frozen=True)
@@ -228,12 +227,6 @@ def execute(
         runs = hit[2]
         if len(runs) == 1:  # most moves: one step
             fn, before, step, dim = runs[0]
-            if fn is _all_reduce and dim.memo is not None and type(local) is _ND:
-                # _all_reduce written out, after its first call: the reduction of a scalar
-                # or a small gradient, where a call more is a tenth of the Python around it
-                prep = dim.memo
-                return prep[0](local if local.flags.c_contiguous else contiguous(local),
-                               None, prep[1])  # fmt: skip
             return fn(local, before, step, coord, dim)
         for fn, before, step, dim in runs:
             local = fn(local, before, step, coord, dim)

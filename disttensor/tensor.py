@@ -29,7 +29,6 @@ from . import autograd, backend, comm
 from . import reshard as _reshard
 from ._format import format_array, shown_indices
 from .accounting import outside_rules
-from .comm import _ctx as _comm_ctx
 from .comm import agree
 from .comm.agree import doing
 from .comm.base import reduce_arrays
@@ -1261,8 +1260,7 @@ def reshard(x: DistTensor, mesh: ProcessMesh, placements: Sequence[Placement]) -
         dst, how = spec.__dict__["_to"][(mesh, *placements)]
     except (KeyError, TypeError):
         dst, how = _reshard_target(spec, mesh, placements)
-    # a world without the mesh's ranks (simulate); comm.world(), inline
-    if (_comm_ctx.world or comm._mpi_world or comm.world()).size <= mesh.max_rank:
+    if comm.world().size <= mesh.max_rank:  # a world without the mesh's ranks (simulate)
         check_world(mesh, "reshard")
     if how is None:  # the same layout
         return x

@@ -72,7 +72,7 @@ Note [The check rides along]
       is a round number where the ranks are a power of two because payloads often are: the
       half of a 256-element float64 vector (1 KiB, the gather of ``A @ p`` in a conjugate
       gradient) rides on 2 ranks in one call, where 1008 bytes of room took the envelope and
-      then the data call (57.7 -> 50.2 us per iteration of that program).
+      then the data call (58.5 -> 50.2 us per iteration of that program).
 
     The alternatives, as raw mpi4py on 2 ranks (bench/collectives.py --alternatives; MPICH
     5.0.2, an 8-float all-reduce alone 3.42 us; docs/performance.md, "The agreement check

@@ -27,22 +27,18 @@ import pickle
 import sys
 import time
 import traceback
-from threading import get_ident
-from time import monotonic
 from typing import Any
 
 import numpy as np
 
 from ..backend import DEVICE_ARRAYS, of
 from . import agree
-from .agree import _MIX, _doing
-from .agree import MASK as _MASK
+from .agree import _doing
 from .base import Communicator, Work, _observers, displacements, equal_counts, record
 from .watchdog import WATCH
 
 _ND = np.ndarray
 _WATCH_ENTER, _WATCH_EXIT = WATCH.enter, WATCH.exit
-_WATCHED = WATCH.pending  # the hot paths write WATCH.enter and exit out
 
 _OPS = {}
 _MODULE: list = []  # mpi4py.MPI once imported: an import statement per call costs a collective
@@ -212,8 +208,7 @@ def _folded(plan: list, at: int, fp: int) -> int:
         last[0], last[1], last[2] = hit
         folded = hit[2]
     lin = stack.lin  # the moved tensor's (Note [Lineage names the tensor] in tensor.py)
-    # agree.with_tensor, written out
-    return folded if lin is None else folded ^ ((lin * _MIX) & _MASK)
+    return folded if lin is None else agree.with_tensor(folded, lin)
 
 
 def _host(a: Any, b: Any) -> bool:
@@ -640,12 +635,11 @@ class MPIComm(Communicator):
         head = e.head
         head[0] = fp
         head[1] = nbytes
-        # a rank that never comes: as in the call (WATCH.enter and exit written out)
-        _WATCHED[wkey := get_ident()] = ("all_reduce", self.ranks, monotonic())
+        wkey = _WATCH_ENTER("all_reduce", self.ranks)  # a rank that never comes: as in the call
         try:
             e.gather(*e.specs)
         finally:
-            _WATCHED.pop(wkey, None)
+            _WATCH_EXIT(wkey)
         heads = e.heads.tolist()
         if heads.count([fp, nbytes]) != self.size:  # a fingerprint differs, or a payload is
             carried = self._compare(heads, fp)  # not host memory

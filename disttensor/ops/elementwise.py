@@ -20,7 +20,7 @@ import numpy as np
 from kernels import activations as act
 
 from .. import backend
-from ..dispatch import Op, apply, stand_in
+from ..dispatch import Op, apply, host_method, stand_in
 
 UNARY = {
     "negative": np.negative,
@@ -243,8 +243,7 @@ OPS["where"] = Op("where", getattr(np.where, "_implementation", np.where), rule=
                   device="where")  # fmt: skip
 OPS["clip"] = Op(
     "clip",
-    # the method, which np.clip calls on an array through a Python wrapper (1 us)
-    lambda x, lo, hi: x.clip(lo, hi) if type(x) is np.ndarray else np.clip(x, lo, hi),
+    host_method("clip"),
     rule="clip",
     device=lambda be: lambda x, lo, hi: be.xp.clip(x, lo, hi),
 )

@@ -22,7 +22,7 @@ from functools import partial
 import numpy as np
 
 from .. import backend
-from ..dispatch import KernelContext, Op
+from ..dispatch import KernelContext, Op, host_method
 from ..tensor import DistTensor, reshard
 from .elementwise import OPS as EW
 
@@ -98,13 +98,7 @@ def _extreme_device(name: str, fill):
 def _whole(name: str) -> Op:
     """A reduction the rule gives whole axes (prod, all, any, argmax, argmin): numpy's
     function of that name on the host, the array module's on a device."""
-    f = getattr(np, name)
-    method = getattr(np.ndarray, name)  # what numpy's function calls on an ndarray
-
-    def kernel(x, axis=None, keepdims=False):
-        if type(x) is np.ndarray:  # the method itself: the function's wrapper costs 1 us
-            return method(x, axis=axis, keepdims=keepdims)
-        return f(x, axis=axis, keepdims=keepdims)
+    kernel = host_method(name)
 
     def device(be):
         g = getattr(be.xp, name)

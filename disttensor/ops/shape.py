@@ -26,7 +26,7 @@ import numpy as np
 
 from .. import autograd, backend, comm
 from .. import reshard as _reshard
-from ..dispatch import KernelContext, Op, fallback, with_xp
+from ..dispatch import KernelContext, Op, fallback, host_method, with_xp
 from ..placement import Shard
 from ..spec import DistSpec
 from ..spmd.shape_rules import (
@@ -197,7 +197,8 @@ OPS: dict[str, Op] = {
     "reshape": _relaid_op("reshape", lambda s, shape: reshape_shape(s, shape)),
     "expand_dims": _relaid_op("expand_dims", lambda s, axis: expand_dims_shape(s, axis)),
     "squeeze": _relaid_op("squeeze", lambda s, axis=None: squeeze_shape(s, axis)),
-    # the methods, which numpy's functions call through a Python wrapper (1 us) on an array
+    # the methods numpy's functions wrap in Python (about 1 us), which take the attributes
+    # positionally only
     "transpose": Op(
         "transpose",
         lambda x, axes=None: x.transpose(axes) if type(x) is _ND else np.transpose(x, axes),
@@ -218,9 +219,7 @@ OPS: dict[str, Op] = {
     "tile": Op("tile", lambda x, reps: np.tile(x, reps), rule="tile", device="tile"),
     "repeat": Op(
         "repeat",
-        lambda x, repeats, axis: (
-            x.repeat(repeats, axis) if type(x) is _ND else np.repeat(x, repeats, axis)
-        ),
+        host_method("repeat"),
         rule="repeat",
         device=lambda be: lambda x, repeats, axis: be.xp.repeat(x, repeats, axis),
     ),
