@@ -37,6 +37,7 @@ import numpy as np
 
 from . import backend, comm
 from .comm import _ctx as _comm_ctx
+from .comm import agree
 from .comm.agree import Stack, _doing, fixed_item
 from .explain import HOOKS as _explain
 from .placement import Partial, Placement, Replicate, Shard, commutes
@@ -44,6 +45,7 @@ from .spec import DistSpec, contiguous, split_offset, split_sizes
 from .spmd.core import reshard_cost
 
 _R = Replicate()
+_ND = np.ndarray
 
 
 @dataclass(frozen=True)
@@ -152,7 +154,7 @@ class Move:
     function and the spec each starts from, and whether it gathers (a Shard becomes whole on
     some mesh dim)."""
 
-    __slots__ = ("bound", "cross", "gathers", "item", "nbytes", "steps")
+    __slots__ = ("bound", "cross", "direct", "gathers", "item", "nbytes", "steps")
 
     def __init__(self, spec: DistSpec, dst: DistSpec) -> None:
         # what the agreement check names (its hash worked out once), and per world the
@@ -168,6 +170,9 @@ class Move:
         self.steps = () if self.cross else tuple(
             (_STEPS[step.kind], step, before) for step, before in _path(spec, dst)
         )  # fmt: skip
+        # Note [Planned moves]: (the MPI world, the step's planned collective) once planned;
+        # None: not yet tried; False: the move has none
+        self.direct: Any = None
 
     def bind(self, world: Any, spec: DistSpec) -> tuple:
         """(world, coord, per step (function, spec it starts from, step, its _Dim)) on
@@ -203,6 +208,16 @@ def execute(
     the source mesh may not know it)."""
     if how is None:
         how = move(spec, dst)
+    direct = how.direct  # Note [Planned moves]
+    if (
+        direct
+        and type(local) is _ND
+        and direct[0] is (_comm_ctx.world or comm._mpi_world)
+        and not _explain.active
+    ):
+        out = direct[1](local, None, direct[2], lin)
+        if out is not None:
+            return out
     # for the message when ranks diverge, and in the fingerprint (Note [Ranks agree before a
     # collective]); under dt.explain a new item each call, by which it tells one execution
     # from the next. Pushed and popped by hand: ``with`` costs two calls more per move.
@@ -227,13 +242,46 @@ def execute(
         runs = hit[2]
         if len(runs) == 1:  # most moves: one step
             fn, before, step, dim = runs[0]
-            return fn(local, before, step, coord, dim)
+            out = fn(local, before, step, coord, dim)
+            if direct is None and world is comm._mpi_world and agree.CHECK:
+                how.direct = _planned(how, fn, before, step, dim, local, world)
+            return out
         for fn, before, step, dim in runs:
             local = fn(local, before, step, coord, dim)
         return local
     finally:
         stack.pop()
         stack.lin = named
+
+
+# Note [Planned moves]
+# The moves of an iterative program's loop repeat with the same specs: a Partial scalar
+# all-reduced for ``rs / d``, a vector gathered for ``A @ p``. The first execution of a
+# one-step move on the MPI world whose collective rides in the agreement check's envelope
+# (Note [The check rides along] in comm/agree.py: an all-reduce that fits, or the gather of
+# a vector whose parts fit) plans that collective on its group (``MPIComm.planned``) and
+# keeps it on the move (``Move.direct``, with the world). Later executions on host arrays,
+# outside dt.explain, call it straight from ``execute``: the fingerprint is the one the
+# general path computes (the move's item folded after what the stack holds, the tensor's
+# lineage after them), the counts and the result are the same, and only the layers between
+# (the stack pushes, the step function, the communicator's lookups) are left out. The
+# planned call gives None, and the general path runs, for anything it was not planned for
+# (another dtype, shape or layout, the check off or in debug mode); on a mismatch it puts
+# the move's item on the stack before every rank describes its call, so RanksDiverged
+# names the move as before.
+def _planned(how: Move, fn: Any, spec: DistSpec, step: Step, group: _Dim, local: Any, world):
+    """``Move.direct`` for a one-step move that just ran (Note [Planned moves]): (world, the
+    planned collective, the move's item), or False where the move has none."""
+    planned = getattr(group.comm, "planned", None)  # MPI's communicators plan
+    if planned is None or type(local) is not _ND or local.dtype != spec.dtype or how.cross:
+        return False
+    if fn is _all_reduce:
+        call = planned("all_reduce", local, step.src.reduce_type)
+    elif fn is _all_gather and len(group.memo[1]) == 1:  # a vector (its memo: _all_gather)
+        call = planned("all_gather", local, group.memo[3])
+    else:
+        return False
+    return False if call is None else (world, call, how.item)
 
 
 def describe(spec: DistSpec, dst: DistSpec) -> str:

@@ -410,6 +410,53 @@ def _divide_or_exp_fast(w, rank, warm):
         np.exp(d)
 
 
+def _vectors_moved(w, rank):
+    """_planned_*'s warm-up: two vectors of one spec gathered and two Partial scalars reduced
+    on both ranks, twice, so that both moves are planned (Note [Planned moves] in
+    reshard.py): the calls that follow take the planned path under MPI."""
+    a, b = _mesh_and((np.arange(8.0), dt.Shard(0)), (np.arange(8.0) + 8, dt.Shard(0)))
+    rs = dt.shard_tensor(np.float64(2.0), a.mesh, [dt.Replicate()])
+    for _ in range(2):
+        for t in (a, b):
+            dt.reshard(t + 0.0, t.mesh, [dt.Replicate()])
+            rs / (t @ t)
+    return a, b, rs
+
+
+def _planned_gather_a_or_b(w, rank, warm):
+    """rank 0 gathers a while rank 1 gathers b of one spec, both through a planned move: the
+    moved tensor's lineage is in the planned call's fingerprint too."""
+    a, b, _ = warm
+    t = a if rank == 0 else b
+    dt.reshard(t * 1.0, t.mesh, [dt.Replicate()])
+
+
+def _planned_divide_or_exp(w, rank, warm):
+    """``rs / d`` on rank 0 and ``np.exp(d)`` on rank 1 through a planned move of d: the
+    op's label on the stack is in the planned call's fingerprint, and the message names the
+    op and the move as the general path's does."""
+    a, _, rs = warm
+    d = a @ a
+    if rank == 0:
+        rs / d
+    else:
+        np.exp(d)
+
+
+def _planned_and_general_agree(w, rank, warm):
+    """Equal calls, one rank on the planned path and the other on the general one (rank 0
+    under dt.explain, which takes the general path): the fingerprints are equal, the
+    values numpy's, the collectives counted alike."""
+    a, b, rs = warm
+    with dt.CommCounter() as counter, dt.explain() if rank == 0 else contextlib.nullcontext():
+        g = dt.reshard(a * 2.0, a.mesh, [dt.Replicate()])
+        q = rs / (b @ b)
+    assert np.array_equal(g.to_local(), np.arange(8.0) * 2), g.to_local()
+    assert q.to_local() == 2.0 / float(np.sum((np.arange(8.0) + 8) ** 2)), q.to_local()
+    assert counter.counts == {"all_gather": 1, "all_reduce": 1}, counter.counts
+    assert counter.checks == 2, counter.checks
+
+
 def _unchecked_reductions(w, rank):
     """With the check off (DISTTENSOR_CHECK=0) the MPI backend sums most dtypes in the MPI
     call alone: the results are the checked path's, for those and for the dtypes and ops
@@ -697,6 +744,34 @@ CASES = [
         ),
         warm=_reduce_pair,
     ),
+    Case(
+        "planned_gather_a_or_b",
+        _planned_gather_a_or_b,
+        (
+            DIFFERENT_CALLS,
+            "rank 0: tensor #",
+            "rank 1: tensor #",
+            "> reshard [Shard(dim=0)] -> [Replicate()] of (8,) float64 on mesh (2,) > "
+            "all_gather float64, (4, 4) (call #",
+            "ranks that show different numbers move different tensors",
+        ),
+        warm=_vectors_moved,
+    ),
+    Case(
+        "planned_divide_or_exp",
+        _planned_divide_or_exp,
+        (
+            DIFFERENT_CALLS,
+            "rank 0: divide of () float64 [Replicate()], () float64 [Partial(reduce_type='sum')] "
+            "> reshard [Partial(reduce_type='sum')] -> [Replicate()] of () float64 on mesh "
+            "(2,) > all_reduce float64, 1, sum (call #",
+            "rank 1: exp of () float64 [Partial(reduce_type='sum')] > reshard "
+            "[Partial(reduce_type='sum')] -> [Replicate()] of () float64 on mesh (2,) > "
+            "all_reduce float64, 1, sum (call #",
+        ),
+        warm=_vectors_moved,
+    ),
+    Case("planned_and_general_agree", _planned_and_general_agree, warm=_vectors_moved),
     Case("same_tensor_other_paths", _same_tensor_other_paths),
     Case("equal_calls", _equal_calls),
     Case("unchecked_reductions", _unchecked_reductions),

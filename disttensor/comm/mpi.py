@@ -100,7 +100,7 @@ class _Envelope:
     every rank's after the all-gather."""
 
     __slots__ = ("gather", "gathers", "room", "mine", "every", "head", "heads", "typed", "rows",
-                 "specs", "sums")  # fmt: skip
+                 "specs", "sums", "words", "at")  # fmt: skip
 
     def __init__(self, comm, size: int) -> None:
         self.gather = comm.Allgather  # on the group's check channel
@@ -116,48 +116,45 @@ class _Envelope:
         # store costs twice as much, on the path of every small collective
         self.head = memoryview(self.mine).cast("q")[: HEAD // 8]
         self.heads = self.every[:, :HEAD].view(np.int64)  # every rank's (fingerprint, size)
+        # the same read word by word, for the common group of two ranks: the second rank's
+        # header starts at word ``at`` (0: another size, compared through ``heads``)
+        self.words = memoryview(self.every).cast("B").cast("q")
+        self.at = slot // 8 if size == 2 else 0
         self.typed: dict[tuple, tuple] = {}
         self.rows: list = []  # every rank's payload of the reduction being packed
-        self.sums: dict[tuple, list] = {}  # MPIComm.allreduce's plans
-        self.gathers: dict[tuple, list] = {}  # MPIComm.allgather's plans
+        self.sums: dict[tuple, Planned] = {}  # MPIComm.allreduce's plans
+        self.gathers: dict[tuple, Planned] = {}  # MPIComm.allgather's plans
 
-    def reduction(self, dtype: np.dtype, shape: tuple, op: str, size: int) -> list:
-        """MPIComm.allreduce's plan for a payload of ``dtype`` and ``shape`` that fits:
-        [this rank's payload, the call's fingerprint, byte size, key, the folds of the doing
-        items seen on the stack (``_folded``), every rank's rows, the ufunc that reduces two
-        rows in one call or None for ``_reduce_rows``]."""
+    def reduction(self, comm: MPIComm, dtype: np.dtype, shape: tuple, op: str) -> Planned:
+        """MPIComm.allreduce's plan for a payload of ``dtype`` and ``shape`` that fits."""
         mine, rows = self.views(dtype, shape)
         n = int(np.prod(shape, dtype=np.int64))
         key = (dtype, n, op)  # the fingerprint's key: the same as the general path's
-        one = size == 2 and op != "avg" and dtype.char not in "?e"  # _reduce_rows' common case
-        fp = agree.FINGERPRINTS.get(("all_reduce", key)) or agree.fingerprint("all_reduce", key)
-        # as every carried plan: (slot view, fingerprint, byte size, key, per pair of doing
-        # items seen on the stack fp with them folded in: _folded), then the kind's own parts
-        plan = [mine, fp, n * dtype.itemsize, key, [None, None, 0, {}], rows,
-                _UFUNCS[op] if one else None]  # fmt: skip
+        one = comm.size == 2 and op != "avg" and dtype.char not in "?e"  # _reduce_rows' common case
+        plan = Planned(comm, self, "all_reduce", mine, n * dtype.itemsize, key, rows, op)
+        plan.pair = _UFUNCS[op] if one else None
+        plan.shape, plan.dtype = shape, dtype
         if len(self.sums) > 256:
             self.sums.clear()
         self.sums[shape, dtype, op] = plan
         return plan
 
-    def gathering(self, dtype: np.dtype, shape: tuple, counts: tuple, rank: int) -> list:
+    def gathering(self, comm: MPIComm, dtype: np.dtype, shape: tuple, counts: tuple) -> Planned:
         """MPIComm.allgather's plan for this rank's part of ``dtype`` and ``shape`` and every
-        rank's ``counts`` (each fits): [this rank's payload, the call's fingerprint, this
-        rank's byte size, key, the folds (as in ``reduction``), every rank's payload
-        (one array of rows where the counts are equal, else a list of rows), each row's
-        bounds in the result or None]."""
+        rank's ``counts`` (each fits)."""
         isz = dtype.itemsize
-        mine = self.mine[HEAD : HEAD + counts[rank] * isz].view(dtype).reshape(shape)
+        mine = self.mine[HEAD : HEAD + counts[comm.rank] * isz].view(dtype).reshape(shape)
+        bounds = None
         if len(set(counts)) == 1:
             rows = self.every[:, HEAD : HEAD + counts[0] * isz].view(dtype)
-            bounds = None
         else:
             rows = [self.every[r, HEAD : HEAD + n * isz].view(dtype) for r, n in enumerate(counts)]
             ends = np.cumsum(counts).tolist()
             bounds = [(end - n, end) for n, end in zip(counts, ends)]
         key = (dtype, counts)  # the fingerprint's key: the same as the general path's
-        fp = agree.FINGERPRINTS.get(("all_gather", key)) or agree.fingerprint("all_gather", key)
-        plan = [mine, fp, counts[rank] * isz, key, [None, None, 0, {}], rows, bounds]
+        plan = Planned(comm, self, "all_gather", mine, counts[comm.rank] * isz, key, rows, counts)
+        plan.bounds = bounds
+        plan.shape, plan.dtype, plan.full = shape, dtype, (sum(counts),)
         if len(self.gathers) > 256:
             self.gathers.clear()
         self.gathers[shape, dtype, counts] = plan
@@ -182,32 +179,40 @@ class _Envelope:
         return self.every[rank, HEAD + offset : HEAD + offset + nbytes]
 
 
-def _folded(plan: list, at: int, fp: int) -> int:
+def _folded(folds: list, fp: int, stack: Any, item: Any = None, lin: Any = None) -> int:
     """Fingerprint ``fp`` of a planned call with what the library is doing folded in
-    (``agree.in_context``). The items' fold is kept in ``plan[at]``: the last pair of items
-    seen on the stack (a reshard's one, or an op's label and its reshard's; by identity) with
-    its fold, and a dict of the folds of every pair seen, so the ops of a loop that make the
-    same call (``rs / d`` and ``rs_new / rs``) fold nothing again."""
-    stack = _doing.stack
-    n = len(stack)
-    first = stack[0]
-    second = stack[1] if n == 2 else None
-    last = plan[at]  # [first, second, their fold, {(id(first), id(second)): the three}]
+    (``agree.in_context``): the items of ``stack`` (``_doing.stack``), then ``item`` where
+    given (a planned step's own item, folded as if pushed: ``Planned``; ``stack`` may then be
+    empty or None), then the moved tensor's lineage: the stack's, or ``lin`` where ``item``
+    is given. The items' fold is kept in ``folds`` (a plan's): the last pair of items seen (a
+    reshard's one, or an op's label and its reshard's; by identity) with its fold, and a dict
+    of the folds of every pair seen, so the ops of a loop that make the same call (``rs / d``
+    and ``rs_new / rs``) fold nothing again."""
+    if item is None:
+        n = len(stack)
+        first = stack[0]
+        second = stack[1] if n == 2 else None
+        lin = stack.lin  # the moved tensor's (Note [Lineage names the tensor] in tensor.py)
+    else:
+        n = len(stack) + 1 if stack else 1
+        first = item if n == 1 else stack[0]
+        second = item if n == 2 else None
+    last = folds  # [first, second, their fold, {(id(first), id(second)): the three}]
     if last[0] is first and last[1] is second and n <= 2:
         folded = last[2]
     elif n > 2:
-        folded = agree.with_items(fp, stack)
+        folded = agree.with_items(fp, stack if item is None else [*stack, item])
     else:
         seen = last[3]
         hit = seen.get((id(first), id(second)))
         if hit is None or hit[0] is not first or hit[1] is not second:
-            hit = (first, second, agree.with_items(fp, stack))  # the items' fold alone
+            pair = [first] if second is None else [first, second]
+            hit = (first, second, agree.with_items(fp, pair))  # the items' fold alone
             if len(seen) >= 16:
                 seen.clear()
             seen[id(first), id(second)] = hit
         last[0], last[1], last[2] = hit
         folded = hit[2]
-    lin = stack.lin  # the moved tensor's (Note [Lineage names the tensor] in tensor.py)
     return folded if lin is None else agree.with_tensor(folded, lin)
 
 
@@ -423,6 +428,124 @@ def _staged(*written: int, reads_written: bool = False):
     return deco
 
 
+class Planned:
+    """A small collective of one call shape on a group's envelope (Note [The check rides
+    along] in comm/agree.py): an all-reduce of a payload that fits, or an all-gather whose
+    parts fit, made once per shape, dtype and op or counts and kept on the envelope
+    (``_Envelope.reduction``, ``_Envelope.gathering``). Calling it makes the collective:
+    ``MPIComm.allreduce`` and ``allgather`` call it for their small case, and a planned move
+    calls it straight from reshard.execute (Note [Planned moves] in reshard.py). This is the
+    path of every small collective, the check's exchange (``MPIComm._exchange``) written out:
+    a call more costs 0.15 us of an 8-float all-reduce's 7."""
+
+    __slots__ = ("comm", "e", "kind", "mine", "fp", "nbytes", "key", "folds", "rows", "arg",
+                 "pair", "bounds", "shape", "dtype", "full")  # fmt: skip
+
+    def __init__(self, comm, e, kind: str, mine, nbytes: int, key: tuple, rows, arg) -> None:
+        self.comm, self.e, self.kind = comm, e, kind
+        self.mine = mine  # this rank's payload: a view of its slot
+        self.fp = agree.FINGERPRINTS.get((kind, key)) or agree.fingerprint(kind, key)
+        self.nbytes = nbytes  # this rank's payload bytes
+        self.key = key  # the fingerprint's key: the same as the general path's
+        self.folds = [None, None, 0, {}]  # the fingerprint with the doing items: _folded
+        self.rows = rows  # every rank's payload, after the gather
+        self.arg = arg  # the all-reduce's op, or the all-gather's counts
+        self.pair = None  # the ufunc that reduces two rows in one call (else _reduce_rows)
+        self.bounds = None  # the all-gather's: each row's bounds in the result, unequal parts
+        self.shape = self.dtype = None  # this rank's send array's
+        self.full = ()  # the all-gather's result shape, for a vector
+
+    def __call__(self, send: np.ndarray, recv: Any = None, item: Any = None, lin: Any = None):
+        """The collective of ``send`` into ``recv`` (None: a new array), returned. ``item``,
+        ``lin``: a planned move's item and moved tensor's lineage (reshard.execute), folded
+        into the fingerprint as the general path folds what it pushes on the stack; the
+        move's call gives None, doing nothing, for a send array or a mode it was not planned
+        for (another dtype, shape or layout; the check off or in debug mode)."""
+        stack = _doing.stack
+        if item is None:
+            fp = _folded(self.folds, self.fp, stack) if stack else self.fp
+        else:
+            if (
+                send.dtype is not self.dtype
+                or send.shape != self.shape
+                or not send.flags.c_contiguous
+                or not agree.CHECK
+                or agree.DEBUG
+            ):
+                return None
+            if lin is None and stack:  # as the general path: an enclosing move's
+                lin = stack.lin
+            fp = _folded(self.folds, self.fp, stack, item, lin)
+        c, e, nbytes = self.comm, self.e, self.nbytes
+        c._seq += 1
+        obs = _observers.fns
+        if obs:
+            record("check", 16)
+        self.mine[...] = send
+        head = e.head
+        head[0] = fp
+        head[1] = nbytes
+        key = _WATCH_ENTER(self.kind, c.ranks)  # a rank that never comes: as in the call
+        try:
+            e.gather(*e.specs)
+        finally:
+            _WATCH_EXIT(key)
+        q, at = e.words, e.at  # two ranks: both headers read as words (MPIComm._exchange)
+        if at and q[0] == q[at] == fp and q[1] == q[at + 1] == nbytes:
+            carried = True
+        else:  # a fingerprint differs, or a payload is not host memory
+            carried = c._compare(e.heads.tolist(), fp)
+            if carried is None:
+                self._diverged(stack, item, lin)
+        if obs:
+            record(self.kind, nbytes)
+        rows = self.rows
+        if self.kind == "all_reduce":
+            pair = self.pair
+            if pair is not None and recv is None and carried:  # the common case, one call
+                out = pair(rows[0], rows[1])
+                return out if type(out) is _ND else np.asarray(out)  # 0-d: a numpy scalar
+            if recv is None:
+                recv = np.empty_like(send)
+            if not carried:  # another rank's buffers are not host memory: the data call
+                c._allreduce(send, recv, self.arg)
+            elif pair is not None and recv.shape == send.shape:
+                pair(rows[0], rows[1], out=recv)
+            else:
+                _reduce_rows(rows, recv.reshape(send.shape), self.arg, c.size)
+            return recv
+        if recv is None:
+            recv = np.empty(self.full, self.dtype)
+        if not carried:  # another rank's buffers are not host memory: the data call
+            c._allgather(send, recv, self.arg)
+            return recv
+        out = recv.reshape(-1)
+        bounds = self.bounds
+        if bounds is None:  # equal parts: one copy
+            out.reshape(rows.shape)[...] = rows
+        else:
+            for row, (a, b) in zip(rows, bounds):
+                out[a:b] = row
+        return recv
+
+    def _diverged(self, stack: Any, item: Any, lin: Any) -> None:
+        """The ranks' calls differ: every rank describes its call (a planned move's with its
+        item on the stack, as the general path has it) and raises RanksDiverged."""
+        if item is None:  # the general path's: the stack has it all
+            self.comm._diverged(self.kind, self.key)
+            return
+        if stack is None:
+            stack = _doing.stack = agree.Stack()
+        named = stack.lin
+        stack.append(item)
+        stack.lin = lin
+        try:
+            self.comm._diverged(self.kind, self.key)
+        finally:
+            stack.pop()
+            stack.lin = named
+
+
 class MPIComm(Communicator):
     backend = "mpi"
 
@@ -621,59 +744,8 @@ class MPIComm(Communicator):
         if plan is None:
             if send.nbytes > e.room:
                 return Communicator.allreduce(self, send, recv, op)
-            plan = e.reduction(send.dtype, send.shape, op, self.size)
-        # ``_carry`` and ``_exchange`` written out: this is the path of every small
-        # reduction (a loss, a dot product), where a call more costs 0.15 us of an 8-float
-        # all-reduce's 7, and the fingerprints are compared in one count
-        mine, fp, nbytes, key, _, rows, pair = plan
-        self._seq += 1
-        if _observers.fns:
-            record("check", 16)
-        mine[...] = send
-        if _doing.stack:
-            fp = _folded(plan, 4, fp)
-        head = e.head
-        head[0] = fp
-        head[1] = nbytes
-        wkey = _WATCH_ENTER("all_reduce", self.ranks)  # a rank that never comes: as in the call
-        try:
-            e.gather(*e.specs)
-        finally:
-            _WATCH_EXIT(wkey)
-        heads = e.heads.tolist()
-        if heads.count([fp, nbytes]) != self.size:  # a fingerprint differs, or a payload is
-            carried = self._compare(heads, fp)  # not host memory
-            if carried is None:
-                self._diverged("all_reduce", key)
-        else:
-            carried = True
-        if _observers.fns:
-            record("all_reduce", nbytes)
-        if pair is not None and recv is None and carried:  # the common case, one call
-            out = pair(rows[0], rows[1])
-            return out if type(out) is _ND else np.asarray(out)  # 0-d: a numpy scalar
-        if recv is None:
-            recv = np.empty_like(send)
-        if not carried:  # another rank's buffers are not host memory: the data call
-            self._allreduce(send, recv, op)
-        elif pair is not None and recv.shape == send.shape:
-            pair(rows[0], rows[1], out=recv)
-        else:
-            _reduce_rows(rows, recv.reshape(send.shape), op, self.size)
-        return recv
-
-    def _carry(self, e: _Envelope, plan: list, send: np.ndarray, kind: str) -> bool | None:
-        """The envelope of a planned call (``allgather``'s written-out path; ``allreduce``
-        writes it out): ``send`` copied into the plan's slot view, then ``_exchange`` with the
-        call's fingerprint, what the library is doing folded in."""
-        self._seq += 1
-        if _observers.fns:
-            record("check", 16)
-        plan[0][...] = send
-        fp = plan[1]
-        if _doing.stack:
-            fp = _folded(plan, 4, fp)
-        return self._exchange(e, fp, kind, plan[2])
+            plan = e.reduction(self, send.dtype, send.shape, op)
+        return plan(send, recv)
 
     def _unchecked_sum(self, send, recv, op):
         """``allreduce`` with the check off (DISTTENSOR_CHECK=0): a sum of a dtype MPI adds
@@ -712,22 +784,26 @@ class MPIComm(Communicator):
         if plan is None:
             if max(counts) * send.itemsize > e.room or send.size != counts[self.rank]:
                 return Communicator.allgather(self, send, recv, counts)
-            plan = e.gathering(send.dtype, send.shape, counts, self.rank)
-        carried = self._carry(e, plan, send, "all_gather")
-        _, _, nbytes, key, _, rows, bounds = plan
-        if carried is None:
-            self._diverged("all_gather", key)
-        if _observers.fns:
-            record("all_gather", nbytes)
-        if not carried:  # another rank's buffers are not host memory: the data call
-            self._allgather(send, recv, counts)
-            return
-        out = recv.reshape(-1)
-        if bounds is None:  # equal parts: one copy
-            out.reshape(rows.shape)[...] = rows
-        else:
-            for row, (a, b) in zip(rows, bounds):
-                out[a:b] = row
+            plan = e.gathering(self, send.dtype, send.shape, counts)
+        plan(send, recv)
+
+    def planned(self, kind: str, send: np.ndarray, arg: Any) -> Planned | None:
+        """The plan of this group's all-reduce (``arg``: its op) or all-gather (``arg``:
+        every rank's counts) of arrays like ``send``, for a planned move (Note [Planned
+        moves] in reshard.py); None where the call does not ride in the envelope (too big,
+        one rank, not contiguous, no envelope yet: the check is off)."""
+        e = self._envelope
+        if e is None or self.size == 1 or not send.flags.c_contiguous:
+            return None
+        if kind == "all_reduce":
+            if send.nbytes > e.room:
+                return None
+            plan = e.sums.get((send.shape, send.dtype, arg))
+            return plan or e.reduction(self, send.dtype, send.shape, arg)
+        if max(arg) * send.itemsize > e.room or send.size != arg[self.rank]:
+            return None
+        plan = e.gathers.get((send.shape, send.dtype, arg))
+        return plan or e.gathering(self, send.dtype, send.shape, arg)
 
     def _check_fp(self, fp, kind, call=None):
         """The bare check in the envelope (a device communicator's, comm/nccl.py)."""
@@ -745,11 +821,14 @@ class MPIComm(Communicator):
         head = e.head
         head[0] = fp
         head[1] = size
-        key = WATCH.enter(kind, self.ranks)  # a rank that never comes: as if in the call
+        key = _WATCH_ENTER(kind, self.ranks)  # a rank that never comes: as if in the call
         try:
             e.gather(*e.specs)
         finally:
-            WATCH.exit(key)
+            _WATCH_EXIT(key)
+        q, at = e.words, e.at  # two ranks: both headers read as words, no list made
+        if at and q[0] == q[at] == fp and q[1] == q[at + 1] == size >= 0:
+            return True
         return self._compare(e.heads.tolist(), fp)
 
     @staticmethod
