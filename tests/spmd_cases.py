@@ -395,8 +395,55 @@ def case_comm_layer(world: int) -> None:
     w.barrier()
 
 
+def case_planned_moves(world: int) -> int:
+    """A move made again and again with new values of one spec, as an iterative program's
+    loop makes it (Note [Planned moves] in disttensor/reshard.py): every repetition gives the
+    placements, shard, global value and collectives ``check_reshard`` wants, on meshes of 2,
+    3 and 4 ranks and (2, 2), even, uneven and empty shards, every reduce op and awkward
+    dtypes. Under MPI the moves whose collective rides in the check's envelope are planned
+    after their first execution, so the later repetitions take the planned path (asserted);
+    simulated ranks take the general one."""
+    from disttensor import comm
+    from disttensor.reshard import move
+
+    mpi = comm.world().backend == "mpi"
+    checks = 0
+    for mesh in meshes(world, ((2,), (3,), (4,), (2, 2))):
+        k = mesh.shape[0]
+        moves = []  # (src, dst, shape, whether the move is planned under MPI)
+        for op in ("sum", "avg", "max", "min"):
+            for shape in ((), (3,), (k + 1, 2)):
+                moves.append(([dt.Partial(op)], [R], shape, True))
+        for shape in ((k * 2,), (k * 3 + 1,), (max(k - 1, 1),), (0,)):
+            moves.append(([S0], [R], shape, True))
+        moves.append(([S0], [R], (k + 1, 2), False))  # not a vector: the general path
+        if mesh.ndim == 2:  # a step on either mesh dim: a group of its own
+            moves = [(src + [R], dst + [R], shape, p) for src, dst, shape, p in moves[::2]]
+            moves.append(([R, S0], [R, R], (5,), True))
+            moves.append(([R, dt.Partial("max")], [R, R], (2,), True))
+        for dtype in (np.float64, np.float32, np.int64, np.bool_, np.float16, np.complex128):
+            for src, dst, shape, planned in moves:
+                ops = {p.reduce_type for p in src if p.is_partial()}
+                if ("avg" in ops and np.dtype(dtype).kind not in "fc") or (
+                    ops & {"max", "min"} and dtype == np.complex128
+                ):
+                    continue
+                for seed in range(3):
+                    g = global_value(shape, dtype, seed=seed)
+                    check_reshard(g, mesh, src, dst)
+                    checks += 1
+                spec = dt.DistSpec.make(mesh, src, shape, dtype)
+                how = move(spec, dt.DistSpec.make(mesh, dst, shape, dtype))
+                if mpi and dt.get_rank() in mesh and planned:
+                    assert how.direct, (mesh.shape, src, shape, dtype, how.direct)
+                elif not mpi:
+                    assert not how.direct, (mesh.shape, src, shape, dtype)
+    return checks
+
+
 ALL = [
     case_comm_layer,
+    case_planned_moves,
     case_reshard_grid,
     case_reshard_other_ndims,
     case_nd_collective_counts,
