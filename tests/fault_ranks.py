@@ -409,7 +409,7 @@ def label_out_of_range_on_one_rank(world):
     print("unreachable", flush=True)
 
 
-@ends_job(None, "in recv from rank 0", env={"DISTTENSOR_TIMEOUT": "3"})
+@ends_job(None, "in sendrecv from rank 0", env={"DISTTENSOR_TIMEOUT": "3"})
 def source_skips_a_cross_mesh_reshard(world):
     one = dt.ProcessMesh([0])
     x = dt.dtensor_from_local(np.arange(6.0) if rank() == 0 else np.zeros(0), one, [R], (6,))

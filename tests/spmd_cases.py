@@ -383,6 +383,18 @@ def case_comm_layer(world: int) -> None:
             w.isend(mine[rank].copy(), (rank + 1) % n, tag=3).wait()
             recv.wait()
             assert np.array_equal(out, mine[(rank - 1) % n])
+            got = np.empty(5, dtype)  # the same ring in one call per rank
+            w.sendrecv(mine[rank].copy(), (rank + 1) % n, got, (rank - 1) % n, tag=4)
+            assert np.array_equal(got, mine[(rank - 1) % n])
+            # a chain, as a halo's: the first rank only receives, the last only sends; each
+            # call counted as its send
+            first, last = rank == 0, rank == n - 1
+            got = None if last else np.empty(5, dtype)
+            with dt.CommCounter() as cc:
+                w.sendrecv(None if first else mine[rank].copy(), None if first else rank - 1,
+                           got, None if last else rank + 1, tag=5)  # fmt: skip
+            assert cc.counts == ({} if first else {"send": 1}), cc.counts
+            assert last or np.array_equal(got, mine[rank + 1])
     # sub-communicators along a mesh dim are cached, collective over members only
     if n >= 4:
         mesh = dt.ProcessMesh([[0, 1], [2, 3]])

@@ -110,6 +110,17 @@ x.numpy() if dt.get_rank() == 0 else y.numpy()
 print("finished", flush=True)
 """
 
+HALO_LEAVES = """
+import sys, numpy as np, disttensor as dt
+mesh = dt.init_mesh((dt.get_world_size(),))
+u = dt.shard_tensor(np.arange(24.0).reshape(6, 4), mesh, [dt.Shard(0)])
+if dt.get_rank() == 1:
+    sys.exit(3)
+u[1:] + 1  # rows move between neighbours: rank 0 waits for one from rank 1
+if dt.get_rank() == 0:  # rank 2 only sends, and may finish
+    print("unreachable", flush=True)
+"""
+
 BUSY_RANK_0 = """
 import time, numpy as np, disttensor as dt
 mesh = dt.init_mesh((dt.get_world_size(),))
@@ -126,6 +137,7 @@ if dt.get_rank() == 0:
     "script,env,says",
     [
         (LEAVES, {}, "rank 1 left the job"),
+        (HALO_LEAVES, {}, " s in sendrecv from rank 1 over ranks [0, 1, 2]: rank"),
         (PRINTS_ON_RANK_0, {}, "left the job"),
         (
             DIVERGES,
@@ -137,6 +149,7 @@ if dt.get_rank() == 0:
     ],
     ids=[
         "sys.exit on one rank",
+        "sys.exit on one rank, a neighbour waiting for its rows",
         "print on rank 0",
         "diverged, unchecked: timeout",
         "diverged, checked",

@@ -269,6 +269,22 @@ class Communicator:
     def recv(self, buf: np.ndarray, source: int, tag: int = 0) -> None:
         self.irecv(buf, source, tag).wait()
 
+    def sendrecv(
+        self, send: Any, dest: int | None, recv: Any, source: int | None, tag: int = 0
+    ) -> None:
+        """Send ``send`` to rank ``dest`` of this group and receive ``recv`` from rank
+        ``source`` at once, returning when both are done (``send`` or ``recv`` None: that
+        message is not made). The pair of a halo exchange in one call, with no deadlock
+        whatever the ranks' order; counted as its send. Here: ``isend`` and ``irecv``, then
+        both waits; MPI's backend makes one ``Sendrecv``."""
+        works = []
+        if send is not None:
+            works.append(self.isend(send, dest, tag))
+        if recv is not None:
+            works.append(self.irecv(recv, source, tag))
+        for work in works:
+            work.wait()
+
     def barrier(self) -> None:
         carried = agree.CHECK and self._agree_before("barrier", (), ())
         record("barrier", 0)

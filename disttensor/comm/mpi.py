@@ -691,6 +691,33 @@ class MPIComm(Communicator):
     def _irecv(self, buf, source, tag):
         return Work(self.comm.Irecv(_bytes(buf), source, tag).Wait)
 
+    def sendrecv(self, send, dest, recv, source, tag=0):
+        """``Communicator.sendrecv`` as one ``Sendrecv`` for host buffers (MPI_PROC_NULL for
+        a message not made), registered with the watchdog under the ranks it waits on."""
+        if (send is not None and type(send) is not _ND) or (
+            recv is not None and type(recv) is not _ND
+        ):
+            return Communicator.sendrecv(self, send, dest, recv, source, tag)
+        MPI = _mpi()
+        if send is None:
+            dest = MPI.PROC_NULL
+        elif _observers.fns:
+            record("send", send.nbytes)
+        if recv is None:
+            source = MPI.PROC_NULL
+        # the label names the peers by global rank, made once per pair (a halo's every step)
+        peers = tuple(self.ranks[r] if r >= 0 else None for r in (dest, source))
+        label = _LABELS.get(("sendrecv", peers))
+        if label is None:
+            named = [f"{w} rank {r}" for w, r in zip(("to", "from"), peers) if r is not None]
+            label = _LABELS.setdefault(("sendrecv", peers), f"sendrecv {', '.join(named)}")
+        wkey = _WATCH_ENTER(label, self.ranks)
+        try:
+            self.comm.Sendrecv(None if send is None else _bytes(send), dest, tag,
+                               None if recv is None else _bytes(recv), source, tag)  # fmt: skip
+        finally:
+            _WATCH_EXIT(wkey)
+
     def _barrier(self):
         self.comm.Barrier()
 
@@ -851,7 +878,9 @@ class MPIComm(Communicator):
             WATCH.exit(key)
 
 
-_LABELS: dict[tuple, str] = {}  # (what, "to" or "from", global rank) -> the watchdog's label
+# the watchdog's labels of point-to-point calls: (what, "to" or "from", global rank), and
+# ("sendrecv", (global rank to, global rank from), None where no message) -> label
+_LABELS: dict[tuple, str] = {}
 
 
 def _watched(name: str, what: str, nonblocking: bool = False, peer: str = "") -> None:
