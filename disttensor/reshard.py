@@ -170,7 +170,7 @@ class Move:
         self.steps = () if self.cross else tuple(
             (_STEPS[step.kind], step, before) for step, before in _path(spec, dst)
         )  # fmt: skip
-        # Note [Planned moves]: (the MPI world, the step's planned collective) once planned;
+        # Note [Planned moves]: (the MPI world, the planned collective, the item) once planned;
         # None: not yet tried; False: the move has none
         self.direct: Any = None
 
@@ -213,7 +213,8 @@ def execute(
         direct
         and type(local) is _ND
         and direct[0] is (_comm_ctx.world or comm._mpi_world)
-        and not _explain.active
+        and agree.CHECK
+        and not (agree.DEBUG or _explain.active)
     ):
         out = direct[1](local, None, direct[2], lin)
         if out is not None:
@@ -260,15 +261,16 @@ def execute(
 # one-step move on the MPI world whose collective rides in the agreement check's envelope
 # (Note [The check rides along] in comm/agree.py: an all-reduce that fits, or the gather of
 # a vector whose parts fit) plans that collective on its group (``MPIComm.planned``) and
-# keeps it on the move (``Move.direct``, with the world). Later executions on host arrays,
-# outside dt.explain, call it straight from ``execute``: the fingerprint is the one the
-# general path computes (the move's item folded after what the stack holds, the tensor's
-# lineage after them), the counts and the result are the same, and only the layers between
-# (the stack pushes, the step function, the communicator's lookups) are left out. The
-# planned call gives None, and the general path runs, for anything it was not planned for
-# (another dtype, shape or layout, the check off or in debug mode); on a mismatch it puts
-# the move's item on the stack before every rank describes its call, so RanksDiverged
-# names the move as before.
+# keeps it on the move (``Move.direct``, with the world and the move's item). Later
+# executions on host arrays, with the check on and not in debug mode, outside dt.explain,
+# call it straight from ``execute``: the fingerprint is the one the general path computes
+# (the move's item folded after what the stack holds, the tensor's lineage after them), the
+# counts and the result are the same, and only the layers between (the stack pushes, the
+# step function, the communicator's lookups) are left out. The planned call gives None, and
+# the general path runs, for a local array it was not planned for (another dtype, shape or
+# layout). On a mismatch it puts the move's item on the stack before every rank describes
+# its call, so RanksDiverged names the move as before. With the check off nothing is
+# planned (the plan lives on the check's envelope): those moves take the general path.
 def _planned(how: Move, fn: Any, spec: DistSpec, step: Step, group: _Dim, local: Any, world):
     """``Move.direct`` for a one-step move that just ran (Note [Planned moves]): (world, the
     planned collective, the move's item), or False where the move has none."""

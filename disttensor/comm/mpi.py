@@ -458,9 +458,10 @@ class Planned:
     def __call__(self, send: np.ndarray, recv: Any = None, item: Any = None, lin: Any = None):
         """The collective of ``send`` into ``recv`` (None: a new array), returned. ``item``,
         ``lin``: a planned move's item and moved tensor's lineage (reshard.execute), folded
-        into the fingerprint as the general path folds what it pushes on the stack; the
-        move's call gives None, doing nothing, for a send array or a mode it was not planned
-        for (another dtype, shape or layout; the check off or in debug mode)."""
+        into the fingerprint as the general path folds what it pushes on the stack (the
+        check on, not in debug mode: reshard.execute calls it so); the move's call gives
+        None, doing nothing, for a send array it was not planned for (another dtype, shape
+        or layout)."""
         stack = _doing.stack
         if item is None:
             fp = _folded(self.folds, self.fp, stack) if stack else self.fp
@@ -469,8 +470,6 @@ class Planned:
                 send.dtype is not self.dtype
                 or send.shape != self.shape
                 or not send.flags.c_contiguous
-                or not agree.CHECK
-                or agree.DEBUG
             ):
                 return None
             if lin is None and stack:  # as the general path: an enclosing move's
