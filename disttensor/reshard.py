@@ -244,7 +244,7 @@ def execute(
         if len(runs) == 1:  # most moves: one step
             fn, before, step, dim = runs[0]
             out = fn(local, before, step, coord, dim)
-            if direct is None and world is comm._mpi_world and agree.CHECK:
+            if direct is None and world is comm._mpi_world and agree.CHECK and not agree.DEBUG:
                 how.direct = _planned(how, fn, before, step, dim, local, world)
             return out
         for fn, before, step, dim in runs:
@@ -273,17 +273,21 @@ def execute(
 # planned (the plan lives on the check's envelope): those moves take the general path.
 def _planned(how: Move, fn: Any, spec: DistSpec, step: Step, group: _Dim, local: Any, world):
     """``Move.direct`` for a one-step move that just ran (Note [Planned moves]): (world, the
-    planned collective, the move's item), or False where the move has none."""
+    planned collective, the move's item); False where the move can have none; None where
+    this execution's local array cannot be planned from (on a device, not contiguous, of
+    another dtype than the spec's) or the group has no envelope yet: the next one tries."""
     planned = getattr(group.comm, "planned", None)  # MPI's communicators plan
-    if planned is None or type(local) is not _ND or local.dtype != spec.dtype or how.cross:
+    if planned is None or how.cross:
         return False
+    if type(local) is not _ND or local.dtype != spec.dtype or not local.flags.c_contiguous:
+        return None
     if fn is _all_reduce:
         call = planned("all_reduce", local, step.src.reduce_type)
     elif fn is _all_gather and len(group.memo[1]) == 1:  # a vector (its memo: _all_gather)
         call = planned("all_gather", local, group.memo[3])
     else:
         return False
-    return False if call is None else (world, call, how.item)
+    return (world, call, how.item) if call else call  # None: no envelope yet; False: none
 
 
 def describe(spec: DistSpec, dst: DistSpec) -> str:

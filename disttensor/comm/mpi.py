@@ -466,8 +466,9 @@ class Planned:
         if item is None:
             fp = _folded(self.folds, self.fp, stack) if stack else self.fp
         else:
+            dtype = send.dtype
             if (
-                send.dtype is not self.dtype
+                (dtype is not self.dtype and dtype != self.dtype)  # equal dtypes: not one object
                 or send.shape != self.shape
                 or not send.flags.c_contiguous
             ):
@@ -813,21 +814,24 @@ class MPIComm(Communicator):
             plan = e.gathering(self, send.dtype, send.shape, counts)
         plan(send, recv)
 
-    def planned(self, kind: str, send: np.ndarray, arg: Any) -> Planned | None:
+    def planned(self, kind: str, send: np.ndarray, arg: Any) -> Planned | bool | None:
         """The plan of this group's all-reduce (``arg``: its op) or all-gather (``arg``:
-        every rank's counts) of arrays like ``send``, for a planned move (Note [Planned
-        moves] in reshard.py); None where the call does not ride in the envelope (too big,
-        one rank, not contiguous, no envelope yet: the check is off)."""
+        every rank's counts) of arrays like ``send`` (contiguous, host), for a planned move
+        (Note [Planned moves] in reshard.py); False where the call does not ride in the
+        envelope (too big, one rank), None where the group has no envelope yet (the check
+        has not run on it)."""
         e = self._envelope
-        if e is None or self.size == 1 or not send.flags.c_contiguous:
+        if self.size == 1:
+            return False
+        if e is None:
             return None
         if kind == "all_reduce":
             if send.nbytes > e.room:
-                return None
+                return False
             plan = e.sums.get((send.shape, send.dtype, arg))
             return plan or e.reduction(self, send.dtype, send.shape, arg)
         if max(arg) * send.itemsize > e.room or send.size != arg[self.rank]:
-            return None
+            return False
         plan = e.gathers.get((send.shape, send.dtype, arg))
         return plan or e.gathering(self, send.dtype, send.shape, arg)
 
