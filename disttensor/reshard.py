@@ -211,9 +211,9 @@ def execute(
     direct = how.direct  # Note [Planned moves]
     if (
         direct
+        and agree.CHECK
         and type(local) is _ND
         and direct[0] is (_comm_ctx.world or comm._mpi_world)
-        and agree.CHECK
         and not (agree.DEBUG or _explain.active)
     ):
         out = direct[1](local, None, direct[2], lin)
@@ -244,7 +244,7 @@ def execute(
         if len(runs) == 1:  # most moves: one step
             fn, before, step, dim = runs[0]
             out = fn(local, before, step, coord, dim)
-            if direct is None and world is comm._mpi_world and agree.CHECK and not agree.DEBUG:
+            if direct is None and agree.CHECK and not agree.DEBUG and world is comm._mpi_world:
                 how.direct = _planned(how, fn, before, step, dim, local, world)
             return out
         for fn, before, step, dim in runs:
