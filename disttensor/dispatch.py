@@ -469,6 +469,36 @@ def binary(op: Op, x: Any, y: Any) -> Any:
 _tensor._binary = binary  # DistTensor's operators call it
 
 
+def keyed(op: Op, x: DistTensor, key: tuple, route: list, at: int) -> Any:
+    """``op(x, key=key)`` for an op whose caller keeps a list per (x's spec, key): getitem's
+    route (Note [Getitem routes kept on the spec] in ops/shape.py). The call's cache entry is
+    kept in ``route[at]``, so a repeated call on host shards with no gradient to record, whose
+    plan moves nothing, skips ``_call``'s key building and lookup: the kernel, then the wrap
+    ``_call``'s fast path makes (Note [Dispatch fast path]); anything else is ``_call``."""
+    entry = route[at]
+    if entry is not None and not x.requires_grad and entry.hows is None:
+        last = entry.last
+        xl = x._local
+        if last is not None and last[0] is _comm_ctx.world and type(xl) is _ND:
+            result = op.kernel(xl, key, ctx=last[2])
+            if type(result) is not _ND:
+                result = np.asarray(result)
+            if result.dtype is last[3] and result.shape == last[5]:
+                out = DistTensor(result, last[4])
+                out._lin = hash(
+                    (entry.code, x._lin)
+                )  # as _call's (Note [Lineage names the tensor])
+                if last[9]:  # Note [Small reductions ride together] in tensor.py
+                    note_partial(out, (x,))
+                return out
+    out = _call(op, x, key=key)
+    try:
+        route[at] = _cache.get((op, (("key", key),), id(x._spec)))  # the key _call made
+    except TypeError:  # a key that cannot key a dict: _call decides each time
+        route[at] = None
+    return out
+
+
 def _fast_moves(entry: _Entry, args: tuple, kargs: list) -> bool:
     """The fast path's step 3 for an entry whose plan moves inputs (``entry.hows``): ``_move``
     with the entry's planned one-step moves, written out, under its label for the agreement

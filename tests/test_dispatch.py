@@ -319,6 +319,75 @@ def test_array_operands_take_the_fast_path_with_numpys_values(mesh_shape, monkey
 
 
 @pytest.mark.parametrize("mesh_shape", [(1,), (2,), (3,), (4,), (2, 2)])
+def test_repeated_slices_skip_the_op_call_with_numpys_values(mesh_shape, monkeypatch):
+    """A repeated basic-index getitem (``u[1:-1, 1:-1]``, ``x[:, None]``, a pick of a split
+    axis) takes its route's kept dispatch entry (dispatch.keyed): after the first call it
+    reaches neither the general path nor ``_call``, and every call gives numpy's values and
+    dtype with the first call's placements and lineage, on split, uneven and empty shards,
+    Replicate and Partial inputs; a tensor that requires a gradient keeps ``_call`` and gets
+    numpy's gradient."""
+    U = np.arange(63.0).reshape(7, 9)  # 7 rows: uneven, and an empty shard on 4 ranks
+    counts = {"general": threading.local(), "call": threading.local()}
+    real_general, real_call = dispatch._general, dispatch._call
+
+    def counting(name, real):
+        def call(*args, **attrs):
+            counts[name].n = getattr(counts[name], "n", 0) + 1
+            return real(*args, **attrs)
+
+        return call
+
+    monkeypatch.setattr(dispatch, "_general", counting("general", real_general))
+    monkeypatch.setattr(dispatch, "_call", counting("call", real_call))
+    monkeypatch.setattr(dispatch.Op, "__call__", counting("call", real_call))  # Op() calls
+    size = int(np.prod(mesh_shape))
+
+    def body():
+        mesh = dt.ProcessMesh(np.arange(size).reshape(mesh_shape))
+        rest = [dt.Replicate()] * (len(mesh_shape) - 1)
+        u = dt.shard_tensor(U, mesh, [dt.Shard(0)] + rest)
+        r = dt.shard_tensor(U, mesh, [dt.Replicate()] + rest)
+        p = dt.dtensor_from_local(
+            U / mesh_shape[0], mesh,
+            [dt.Partial()] + rest, global_shape=U.shape,
+        )  # fmt: skip
+        calls = {
+            "interior": (lambda: u[1:-1, 1:-1], U[1:-1, 1:-1]),
+            "columns": (lambda: u[:, 2:], U[:, 2:]),
+            "new axis": (lambda: u[:, None], U[:, None]),
+            "pick": (lambda: u[3], U[3]),
+            "replicate": (lambda: r[None, 1:, ::2], U[None, 1:, ::2]),
+            "partial": (lambda: p[2:5, 1], U[2:5, 1]),
+        }
+        out = {}
+        for name, (fn, want) in calls.items():
+            got = [fn()]
+            counts["general"].n = counts["call"].n = 0
+            got += [fn(), fn()]
+            out[name] = (counts["general"].n, counts["call"].n, want,
+                         [(r.numpy(), r.dtype, r.placements, r._lin) for r in got])  # fmt: skip
+        w = dt.shard_tensor(U, mesh, [dt.Shard(0)] + rest, requires_grad=True)
+        for _ in range(2):
+            w.grad = None
+            (w[1:-1, 1:-1] * 2.0).sum().backward()
+        out["grad"] = w.grad.numpy()
+        return out
+
+    for result in dt.simulate(size, body):
+        for name, (decided, called, want, got) in (
+            (n, r) for n, r in result.items() if n != "grad"
+        ):
+            assert decided == 0 and called == 0, (name, decided, called)
+            for value, dtype, placements, lin in got:
+                np.testing.assert_allclose(value, want, rtol=1e-12, err_msg=name)
+                assert dtype == want.dtype, (name, dtype)
+                assert (placements, lin) == got[0][2:], name
+        grad = np.zeros_like(U)
+        grad[1:-1, 1:-1] = 2.0
+        np.testing.assert_array_equal(result["grad"], grad)
+
+
+@pytest.mark.parametrize("mesh_shape", [(1,), (2,), (3,), (4,), (2, 2)])
 def test_list_and_tuple_operands_are_numpys_arrays(mesh_shape):
     """Note [Lists are arrays]: a list or tuple among an op's data arguments is the array
     numpy makes of it, laid against the global tensor (not each rank's shard): operators,

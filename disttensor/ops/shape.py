@@ -26,7 +26,7 @@ import numpy as np
 
 from .. import autograd, backend, comm
 from .. import reshard as _reshard
-from ..dispatch import KernelContext, Op, fallback, host_method, with_xp
+from ..dispatch import KernelContext, Op, fallback, host_method, keyed, with_xp
 from ..placement import Shard
 from ..spec import DistSpec
 from ..spmd.shape_rules import (
@@ -395,7 +395,7 @@ def getitem(x, key):
             lin = route[4] = hash((_SLICED, token(ckey)))
         out._lin = hash((lin, x._lin))
         return out
-    out = OPS["getitem"](x, key=ckey)
+    out = keyed(OPS["getitem"], x, ckey, route, 5)
     ospec = out._spec
     if _picked(ospec):  # Note [Picks read from their root] in tensor.py
         index = tuple(k if k is None or isinstance(k, int) else _as_slice(k) for k in ckey)
@@ -421,8 +421,9 @@ def _route(spec: DistSpec, key: Any) -> list:
     """[canonical key, whether the key may take the sliced-split path (the spec splits an
     axis; False once the rule took the key), (output spec, is a view) or None,
     the sliced-split plans per rank (Note [Slice plans kept on the spec]), the key's part of
-    a sliced-split result's lineage or None]."""
-    return [canonical_key(spec.shape, key), spec.has_shard(), None, {}, None]
+    a sliced-split result's lineage or None, the getitem op's dispatch entry or None
+    (dispatch.keyed)]."""
+    return [canonical_key(spec.shape, key), spec.has_shard(), None, {}, None, None]
 
 
 def _picked(spec: DistSpec) -> bool:
