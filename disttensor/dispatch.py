@@ -476,7 +476,7 @@ def keyed(op: Op, x: DistTensor, key: tuple, route: list, at: int) -> Any:
     plan moves nothing, skips ``_call``'s key building and lookup: the kernel, then the wrap
     ``_call``'s fast path makes (Note [Dispatch fast path]); anything else is ``_call``."""
     entry = route[at]
-    if entry is not None and not x.requires_grad and entry.hows is None:
+    if entry is not None and not x.requires_grad and entry.hows is None and not op.saves:
         last = entry.last
         xl = x._local
         if last is not None and last[0] is _comm_ctx.world and type(xl) is _ND:
