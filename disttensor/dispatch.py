@@ -485,9 +485,8 @@ def keyed(op: Op, x: DistTensor, key: tuple, route: list, at: int) -> Any:
                 result = np.asarray(result)
             if result.dtype is last[3] and result.shape == last[5]:
                 out = DistTensor(result, last[4])
-                out._lin = hash(
-                    (entry.code, x._lin)
-                )  # as _call's (Note [Lineage names the tensor])
+                # its lineage, as _call makes it (Note [Lineage names the tensor])
+                out._lin = hash((entry.code, x._lin))
                 if last[9]:  # Note [Small reductions ride together] in tensor.py
                     note_partial(out, (x,))
                 return out

@@ -1525,9 +1525,8 @@ def _remember(x: DistTensor, dst: DistSpec, local: Any) -> None:
     memo = x._moved
     # good while neither array is written after the latest write so far (``remembered``)
     if memo is None:
-        x._moved = {dst: (x._local, local, _LAST_WRITE[0])}
-    else:
-        memo[dst] = (x._local, local, _LAST_WRITE[0])
+        memo = x._moved = {}
+    memo[dst] = (x._local, local, _LAST_WRITE[0])
 
 
 def _drop(items: list, t: Any) -> None:

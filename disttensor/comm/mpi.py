@@ -125,24 +125,34 @@ class _Envelope:
         self.sums: dict[tuple, Planned] = {}  # MPIComm.allreduce's plans
         self.gathers: dict[tuple, Planned] = {}  # MPIComm.allgather's plans
 
-    def reduction(self, comm: MPIComm, dtype: np.dtype, shape: tuple, op: str) -> Planned:
-        """MPIComm.allreduce's plan for a payload of ``dtype`` and ``shape`` that fits."""
+    def reduction(self, comm: MPIComm, send: np.ndarray, op: str) -> Planned | None:
+        """MPIComm.allreduce's plan for payloads like ``send`` (kept per shape, dtype and op),
+        or None where the payload does not fit."""
+        dtype, shape = send.dtype, send.shape
+        plan = self.sums.get((shape, dtype, op))
+        if plan is not None or send.nbytes > self.room:
+            return plan
         mine, rows = self.views(dtype, shape)
         n = int(np.prod(shape, dtype=np.int64))
         key = (dtype, n, op)  # the fingerprint's key: the same as the general path's
-        one = comm.size == 2 and op != "avg" and dtype.char not in "?e"  # _reduce_rows' common case
-        plan = Planned(comm, self, "all_reduce", mine, n * dtype.itemsize, key, rows, op)
-        plan.pair = _UFUNCS[op] if one else None
-        plan.shape, plan.dtype = shape, dtype
+        plan = Planned(comm, self, "all_reduce", mine, n * dtype.itemsize, key, rows, op, send)
+        if comm.size == 2 and op != "avg" and dtype.char not in "?e":  # _reduce_rows' common
+            plan.pair = _UFUNCS[op]  # case, in one call
         if len(self.sums) > 256:
             self.sums.clear()
         self.sums[shape, dtype, op] = plan
         return plan
 
-    def gathering(self, comm: MPIComm, dtype: np.dtype, shape: tuple, counts: tuple) -> Planned:
-        """MPIComm.allgather's plan for this rank's part of ``dtype`` and ``shape`` and every
-        rank's ``counts`` (each fits)."""
+    def gathering(self, comm: MPIComm, send: np.ndarray, counts: tuple) -> Planned | None:
+        """MPIComm.allgather's plan for this rank's parts like ``send`` and every rank's
+        ``counts`` (kept per shape, dtype and counts), or None where a part does not fit."""
+        dtype, shape = send.dtype, send.shape
+        plan = self.gathers.get((shape, dtype, counts))
+        if plan is not None:
+            return plan
         isz = dtype.itemsize
+        if max(counts) * isz > self.room or send.size != counts[comm.rank]:
+            return None
         mine = self.mine[HEAD : HEAD + counts[comm.rank] * isz].view(dtype).reshape(shape)
         bounds = None
         if len(set(counts)) == 1:
@@ -152,9 +162,9 @@ class _Envelope:
             ends = np.cumsum(counts).tolist()
             bounds = [(end - n, end) for n, end in zip(counts, ends)]
         key = (dtype, counts)  # the fingerprint's key: the same as the general path's
-        plan = Planned(comm, self, "all_gather", mine, counts[comm.rank] * isz, key, rows, counts)
-        plan.bounds = bounds
-        plan.shape, plan.dtype, plan.full = shape, dtype, (sum(counts),)
+        nbytes = counts[comm.rank] * isz
+        plan = Planned(comm, self, "all_gather", mine, nbytes, key, rows, counts, send)
+        plan.bounds, plan.full = bounds, (sum(counts),)
         if len(self.gathers) > 256:
             self.gathers.clear()
         self.gathers[shape, dtype, counts] = plan
@@ -441,7 +451,7 @@ class Planned:
     __slots__ = ("comm", "e", "kind", "mine", "fp", "nbytes", "key", "folds", "rows", "arg",
                  "pair", "bounds", "shape", "dtype", "full")  # fmt: skip
 
-    def __init__(self, comm, e, kind: str, mine, nbytes: int, key: tuple, rows, arg) -> None:
+    def __init__(self, comm, e, kind: str, mine, nbytes: int, key: tuple, rows, arg, send):
         self.comm, self.e, self.kind = comm, e, kind
         self.mine = mine  # this rank's payload: a view of its slot
         self.fp = agree.FINGERPRINTS.get((kind, key)) or agree.fingerprint(kind, key)
@@ -452,7 +462,7 @@ class Planned:
         self.arg = arg  # the all-reduce's op, or the all-gather's counts
         self.pair = None  # the ufunc that reduces two rows in one call (else _reduce_rows)
         self.bounds = None  # the all-gather's: each row's bounds in the result, unequal parts
-        self.shape = self.dtype = None  # this rank's send array's
+        self.shape, self.dtype = send.shape, send.dtype  # this rank's send arrays'
         self.full = ()  # the all-gather's result shape, for a vector
 
     def __call__(self, send: np.ndarray, recv: Any = None, item: Any = None, lin: Any = None):
@@ -767,11 +777,9 @@ class MPIComm(Communicator):
         if not agree.CHECK:
             return self._unchecked_sum(send, recv, op)
         e = self._envelope or self._new_envelope()
-        plan = e.sums.get((send.shape, send.dtype, op))
-        if plan is None:
-            if send.nbytes > e.room:
-                return Communicator.allreduce(self, send, recv, op)
-            plan = e.reduction(self, send.dtype, send.shape, op)
+        plan = e.sums.get((send.shape, send.dtype, op)) or e.reduction(self, send, op)
+        if plan is None:  # too big for the envelope
+            return Communicator.allreduce(self, send, recv, op)
         return plan(send, recv)
 
     def _unchecked_sum(self, send, recv, op):
@@ -807,11 +815,9 @@ class MPIComm(Communicator):
             return Communicator.allgather(self, send, recv, counts)
         e = self._envelope or self._new_envelope()
         counts = tuple(counts)
-        plan = e.gathers.get((send.shape, send.dtype, counts))
-        if plan is None:
-            if max(counts) * send.itemsize > e.room or send.size != counts[self.rank]:
-                return Communicator.allgather(self, send, recv, counts)
-            plan = e.gathering(self, send.dtype, send.shape, counts)
+        plan = e.gathers.get((send.shape, send.dtype, counts)) or e.gathering(self, send, counts)
+        if plan is None:  # a part too big for the envelope
+            return Communicator.allgather(self, send, recv, counts)
         plan(send, recv)
 
     def planned(self, kind: str, send: np.ndarray, arg: Any) -> Planned | bool | None:
@@ -825,15 +831,10 @@ class MPIComm(Communicator):
             return False
         if e is None:
             return None
-        if kind == "all_reduce":
-            if send.nbytes > e.room:
-                return False
-            plan = e.sums.get((send.shape, send.dtype, arg))
-            return plan or e.reduction(self, send.dtype, send.shape, arg)
-        if max(arg) * send.itemsize > e.room or send.size != arg[self.rank]:
-            return False
-        plan = e.gathers.get((send.shape, send.dtype, arg))
-        return plan or e.gathering(self, send.dtype, send.shape, arg)
+        plan = (
+            e.reduction(self, send, arg) if kind == "all_reduce" else e.gathering(self, send, arg)
+        )
+        return plan or False
 
     def _check_fp(self, fp, kind, call=None):
         """The bare check in the envelope (a device communicator's, comm/nccl.py)."""
