@@ -160,8 +160,8 @@ def _forget(key: tuple, _ref: Any) -> None:
 
 
 class _Entry:
-    __slots__ = ("code", "dense", "hows", "keeps", "label", "last", "mesh", "movable", "plan",
-                 "pos", "refs", "simple")  # fmt: skip
+    __slots__ = ("code", "dense", "hows", "into", "keeps", "label", "last", "mesh", "movable",
+                 "plan", "pos", "refs", "simple")  # fmt: skip
 
     def __init__(
         self, op: Op, specs: tuple, plan: tuple, pos: tuple, nargs: int, key: tuple
@@ -190,6 +190,7 @@ class _Entry:
         # where it does not move (_move's ``hows``); None until the plan first ran
         self.hows: tuple | None = None
         self.label: tuple | None = None  # _named's item
+        self.into: tuple | None = None  # (last, whether ``into`` may take it): ``into``
         # the argument positions of Partial inputs the plan does not move: a remembered
         # reduced value is used instead where there is one (Note [Reduced values used])
         keeps = tuple(
@@ -467,6 +468,63 @@ def binary(op: Op, x: Any, y: Any) -> Any:
 
 
 _tensor._binary = binary  # DistTensor's operators call it
+
+
+def into(op: Op, ufunc: Any, x: DistTensor, y: Any) -> bool:
+    """``x <op>= y`` (``w -= u``, ``x += 1``; ops/mutation.py's ``inplace``) as numpy's
+    in-place ufunc on x's local array, where the operator's cached decision for (x, y) moves
+    nothing, uses no remembered reduced value, needs no kernel context and lays its result
+    out as x itself, on host shards with no gradient to record: the values
+    the op's kernel would make (``op``'s kernel is ``ufunc``), written where the general path
+    would copy them. False, writing nothing, for any other call; the caller notes the write.
+    (Note [In-place operators] in ops/mutation.py.)"""
+    xl = x._local
+    ty = type(y)
+    if ty is DistTensor:
+        yl = y._local
+        if type(yl) is not _ND:
+            return False
+        key = (op, _NO_ATTRS, id(x._spec), id(y._spec))
+        grad = x.requires_grad or y.requires_grad
+    elif ty in _SCALARS:
+        yl = y
+        key = (op, _NO_ATTRS, id(x._spec), None)
+        grad = x.requires_grad
+    else:
+        return False
+    if type(xl) is not _ND or (grad and autograd._state.enabled):
+        return False
+    entry = _cache.get(key)
+    if entry is None or not entry.simple:
+        return False
+    if entry.keeps is not None and (
+        x._moved is not None or (ty is DistTensor and y._moved is not None)
+    ):  # a Partial input perhaps reduced before: Note [Reduced values used]
+        return False
+    last = entry.last
+    if last is None or last[0] is not _comm_ctx.world or last[2] is not None:
+        return False
+    ok = entry.into
+    if ok is None or ok[0] is not last:  # worked out once per decision
+        ok = entry.into = (last, _same_layout(last[4], x._spec))
+    if not ok[1]:
+        return False
+    ufunc(xl, yl, out=xl)
+    return True
+
+
+def _same_layout(a: DistSpec, b: DistSpec) -> bool:
+    """Whether specs ``a`` and ``b`` give every rank the same local array: equal, or equal
+    but for placements over mesh dims of one rank (there a Shard, a Replicate and a Partial
+    all hold the whole value: the rules make a 1-rank mesh's results Replicate)."""
+    if a is b or a == b:
+        return True
+    return (
+        a.shape == b.shape
+        and a.dtype == b.dtype
+        and a.mesh == b.mesh
+        and all(p == q or n == 1 for p, q, n in zip(a.placements, b.placements, a.mesh.shape))
+    )
 
 
 def keyed(op: Op, x: DistTensor, key: tuple, route: list, at: int) -> Any:

@@ -730,19 +730,19 @@ class DistTensor:
         _ops().mutation.setitem(self, key, value)
 
     def _inplace(self, ufunc, other):
-        return _ops().mutation.inplace(ufunc, self, other)
+        return _inplace(ufunc, self, other)
 
     def __iadd__(self, o):
-        return self._inplace(np.add, o)
+        return _inplace(np.add, self, o)
 
     def __isub__(self, o):
-        return self._inplace(np.subtract, o)
+        return _inplace(np.subtract, self, o)
 
     def __imul__(self, o):
-        return self._inplace(np.multiply, o)
+        return _inplace(np.multiply, self, o)
 
     def __itruediv__(self, o):
-        return self._inplace(np.true_divide, o)
+        return _inplace(np.true_divide, self, o)
 
     def __ifloordiv__(self, o):
         return self._inplace(np.floor_divide, o)
@@ -896,6 +896,11 @@ class _LazyOps(dict):
 
 
 _EW = _LazyOps()
+
+
+def _inplace(ufunc: Any, x: Any, y: Any) -> Any:
+    """The in-place operators' ``x <op>= y``: ops/mutation.py's inplace once it is imported."""
+    return _ops().mutation.inplace(ufunc, x, y)
 
 
 def _binary(op: Any, x: Any, y: Any) -> Any:

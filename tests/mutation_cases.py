@@ -501,6 +501,60 @@ def _ints(checks: Checks, mesh: dt.ProcessMesh, gi: np.ndarray, pl: list) -> Non
     checks.run(f"int x += 1.5 raises, x unchanged {mesh.shape} {pl}", refused)
 
 
+def _repeated(checks: Checks, mesh: dt.ProcessMesh, g: np.ndarray, pl: list) -> None:
+    """In-place operators repeated on one tensor, as a loop makes them: from the second call
+    on, the kept decision writes numpy's in-place ufunc straight in (Note [In-place
+    operators] in disttensor/ops/mutation.py). Python scalars, a DistTensor value of each
+    layout (the same tensor each time, and a new one made by an op each time, whose spec is
+    the plan's), a row, and x itself."""
+    n, m = g.shape
+    rng = np.random.default_rng(11)
+    other = rng.normal(size=(n, m)) + 2.0  # no division by zero
+    row = rng.normal(size=m) + 2.0
+    for name, fn in [("+=", np.add), ("-=", np.subtract), ("*=", np.multiply), ("/=", np.divide)]:
+        cases: list[tuple[str, Callable[[dt.DistTensor], Any], Any]] = [
+            ("1.5", lambda x: 1.5, 1.5),
+            ("3", lambda x: 3, 3),
+            ("True", lambda x: True, True),
+            ("x itself", lambda x: x, None),
+        ]
+        for vpl in _layouts(mesh, 2):
+            fixed: dict[int, dt.DistTensor] = {}
+
+            def same(x, q=vpl, fixed=fixed):  # one tensor for the whole loop
+                if id(x) not in fixed:
+                    fixed[id(x)] = make_input(other, mesh, q)
+                return fixed[id(x)]
+
+            cases.append((f"DistTensor {vpl}", same, other))
+
+            def made(x, q=vpl):  # a new tensor each time, its spec the plan's
+                return make_input(other, mesh, q) * 1.0
+
+            cases.append((f"DistTensor {vpl} * 1.0 (new)", made, other))
+        for rpl in _layouts(mesh, 1)[:2]:  # Replicate, Shard(0) of the row
+            cases.append((f"row {rpl}", lambda x, q=rpl: make_input(row, mesh, q), row))
+
+        for label, value, want in cases:
+
+            def on_dt(x, f=fn, v=value):
+                for _ in range(3):
+                    _apply(x, f, v(x))
+
+            def on_np(a, f=fn, w=want):
+                for _ in range(3):
+                    _apply(a, f, a if w is None else w)
+
+            _write(checks, mesh, g, pl, f"x {name} {label}, three times", on_dt, on_np)
+
+
+def _apply(x: Any, f: np.ufunc, y: Any) -> None:
+    """``x <op>= y`` through the operator itself (``x += y``), as a program writes it."""
+    name = {np.add: "__iadd__", np.subtract: "__isub__", np.multiply: "__imul__",
+            np.divide: "__itruediv__"}[f]  # fmt: skip
+    assert getattr(x, name)(y) is x
+
+
 def _communication(checks: Checks, mesh: dt.ProcessMesh, g: np.ndarray) -> None:
     """Writes of scalars and numpy values, and x[mask] = scalar with x's own mask, move
     nothing; a DistTensor value moves at most its own bytes."""
@@ -609,6 +663,7 @@ def case_mutation(world: int, light: bool = False, exact_size: bool = False) -> 
             _region_writes(checks, mesh, g, pl)
             _advanced_writes(checks, mesh, g, pl)
             _inplace(checks, mesh, g, pl)
+            _repeated(checks, mesh, g, pl)
             _out(checks, mesh, g, pl)
             if empty is not None:
                 _region_writes(checks, mesh, empty, pl)

@@ -82,6 +82,56 @@ def test_operator_updates_write_in_place_with_one_reduction():
 
 
 @pytest.mark.parametrize("mesh_shape", [(1,), (2,), (3,), (4,), (2, 2)])
+def test_repeated_in_place_operators_skip_the_out_of_place_op(mesh_shape, monkeypatch):
+    """From the second ``x += y`` of one pair of tensors (or of a tensor and a Python scalar)
+    on, the kept decision writes numpy's in-place ufunc into x's own buffer: no op call (no
+    out-of-place result to copy), no communication, numpy's values; a Partial x with a
+    Partial y of its layout too. The first call decides through the op."""
+    from disttensor import dispatch
+
+    calls = []
+    real = dispatch.Op.__call__
+
+    def counted(op, *args, **attrs):
+        calls.append(dt.get_rank())  # the simulated ranks are threads: each counts its own
+        return real(op, *args, **attrs)
+
+    def body():
+        mesh = dt.ProcessMesh(np.arange(int(np.prod(mesh_shape))).reshape(mesh_shape))
+        rest = [dt.Replicate()] * (mesh.ndim - 1)
+        x = make_input(np.arange(35.0).reshape(7, 5), mesh, [S0] + rest)
+        y = make_input(np.full((7, 5), 2.0), mesh, [S0] + rest)
+        p = make_input(np.ones((7, 5)), mesh, [dt.Partial()] + rest)
+        q = make_input(np.full((7, 5), 0.5), mesh, [dt.Partial()] + rest)
+        local, plocal = x._local, p._local
+        x += y  # each decided through the op
+        x -= 1.5
+        x *= 3
+        x /= y
+        p += q
+        before = calls.count(dt.get_rank())
+        with dt.CommCounter() as cc:
+            for _ in range(2):
+                x += y
+                x -= 1.5
+                x *= 3
+                x /= y
+                p += q
+        ops = calls.count(dt.get_rank()) - before
+        return x.numpy(), p.numpy(), ops, cc.counts, x._local is local, p._local is plocal
+
+    monkeypatch.setattr(dispatch.Op, "__call__", counted)
+    want = np.arange(35.0).reshape(7, 5)
+    for _ in range(3):
+        want = (want + 2 - 1.5) * 3 / 2
+    for x, p, ops, counts, same, psame in dt.simulate(int(np.prod(mesh_shape)), body):
+        np.testing.assert_allclose(x, want, rtol=1e-15)
+        np.testing.assert_allclose(p, np.full((7, 5), 2.5), rtol=1e-15)  # 1 + 3 * 0.5
+        assert ops == 0, f"{ops} op calls in the repeated in-place operators"
+        assert counts == {} and same and psame, (counts, same, psame)
+
+
+@pytest.mark.parametrize("mesh_shape", [(1,), (2,), (3,), (4,), (2, 2)])
 def test_in_place_operators_reduce_a_partial_operand_first(mesh_shape):
     """``w -= u``, ``w += u``, ``w *= u``, ``w /= u`` with u Partial (sum or max) and w not
     Partial, of one float dtype: u is reduced to w's layout first (numpy's order: the value

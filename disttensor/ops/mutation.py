@@ -62,9 +62,11 @@ from typing import Any
 
 import numpy as np
 
-from .. import autograd, backend, comm
+from .. import autograd, backend, comm, dispatch
 from .. import reshard as _reshard
+from .. import tensor as _tensor
 from ..accounting import outside_rules
+from ..comm import _ctx
 from ..placement import Partial, Replicate
 from ..spmd.shape_rules import broadcast_shapes, canonical_key, index_layout, within
 from ..tensor import DistTensor, code_of, moved, reshard
@@ -455,32 +457,28 @@ def inplace(ufunc: np.ufunc, target: DistTensor, other: Any) -> DistTensor:
     compute the result as the operator does (``w - u``), and a result laid out as the target
     is copied in directly: a parameter update in a loop."""
     op = _OPERATORS.get(ufunc)
+    if op is not None:  # Note [In-place operators]
+        if (
+            type(other) is DistTensor
+            and not ((target.requires_grad or other.requires_grad) and autograd._state.enabled)
+            and (how := _summed_into(target, other)) is not None
+        ):  # the reduced shard, straight in
+            ufunc(target._local, moved(other, target._spec, None, how), out=target._local)
+            _written(target)
+            return target
+        ops = _EW or _ops_ew()
+        if _into(ops[op], ufunc, target, other):
+            _written(target)
+            return target
     if (
         op is not None
         and not (autograd.is_grad_enabled() and (target.requires_grad or _needs_grad(other)))
         and (type(other) in _SCALARS or (type(other) is DistTensor and other.shape == target.shape))
     ):
-        if type(other) is DistTensor and _partial_into_whole(other, target):
-            # the sum first, as numpy computes it: ``w -= lr * g`` with a Partial gradient
-            # reduces it to the target's layout (an all-reduce, or a reduce-scatter into a
-            # split target), and the op's result is then laid out as the target and copied
-            # straight in; the op's rule would keep ``w - u`` Partial and move the result.
-            # On host shards of a mesh of every rank, the reduced shard goes straight into
-            # numpy's in-place ufunc: the same move and values (one dtype), without a
-            # DistTensor for the moved value, the op's result and the copy
-            tspec = target._spec
-            if (
-                type(target._local) is np.ndarray
-                and type(other._local) is np.ndarray
-                and tspec.mesh.size == comm.world().size
-            ):
-                ospec = other._spec
-                ufunc(target._local, moved(other, tspec, None, _reshard.move(ospec, tspec)),
-                      out=target._local)  # fmt: skip
-                _written(target)
-                return target
-            with autograd.no_grad():
-                other = reshard(other, target.mesh, target.placements)
+        if type(other) is DistTensor:
+            if _partial_into_whole(other, target):  # another backend or mesh: the same order
+                with autograd.no_grad():
+                    other = reshard(other, target.mesh, target.placements)
         result = (_EW or _ops_ew())[op](target, other)
         rspec = result._spec
         if rspec is target._spec or rspec == target._spec:  # same layout, shape and dtype:
@@ -505,6 +503,49 @@ def inplace(ufunc: np.ufunc, target: DistTensor, other: Any) -> DistTensor:
     return target
 
 
+# Note [In-place operators]
+# ``x += y``, ``x -= y``, ``x *= y`` and ``x /= y`` with a tensor of x's shape or a Python
+# scalar write numpy's in-place ufunc's values into x's buffer, on every placement:
+# * Where the operator's own cached decision for (x, y) moves nothing and lays the result
+#   out as x (``dispatch.into``: ``x += y`` of one layout, ``w -= 0.1`` of a Replicate w),
+#   the ufunc runs in place on x's local array: what the op's kernel would compute, without
+#   the out-of-place result and its copy.
+# * Where y is Partial on x's mesh and x is not (``w -= lr * g`` with a Partial gradient),
+#   the sum comes first, as numpy computes it: y is reduced to x's layout (an all-reduce, or
+#   a reduce-scatter into a split x) and the ufunc runs in place with the reduced shard (the
+#   op's rule would keep ``w - u`` Partial and move the result). On host shards of a mesh of
+#   every rank the decision is kept per pair of specs (``_summed_into``), so a loop's update
+#   is the move and the ufunc; elsewhere y is resharded first and the next case runs.
+# * Otherwise the result is computed out of place through the op's rule and copied in (or
+#   written out in the target's layout where the rule gave another one).
+# Any other in-place ufunc goes through numpy's ``out=`` (``array_ufunc``, then ``write_out``).
+# (id(x's spec), id(y's spec)) -> (x's spec, y's, the world, the move or None)
+_SUMMED: dict[tuple, tuple] = {}
+
+
+def _summed_into(target: DistTensor, other: DistTensor) -> Any:
+    """The move that reduces Partial ``other`` to ``target``'s layout before an in-place
+    operator, where it goes straight into the ufunc (Note [In-place operators]), else None;
+    kept per pair of specs and world (the entry holds both specs, so their ids stay theirs)."""
+    tspec, ospec = target._spec, other._spec
+    hit = _SUMMED.get((id(tspec), id(ospec)))
+    if hit is None or hit[0] is not tspec or hit[1] is not ospec or hit[2] is not _ctx.world:
+        how = None
+        if (
+            tspec.shape == ospec.shape
+            and _partial_into_whole(other, target)
+            and tspec.mesh.size == comm.world().size
+        ):
+            how = _reshard.move(ospec, tspec)
+        if len(_SUMMED) >= 256:
+            _SUMMED.clear()
+        hit = _SUMMED[id(tspec), id(ospec)] = (tspec, ospec, _ctx.world, how)
+    how = hit[3]
+    if how is None or type(target._local) is not np.ndarray or type(other._local) is not np.ndarray:
+        return None
+    return how
+
+
 def _partial_into_whole(other: DistTensor, target: DistTensor) -> bool:
     """Whether ``other`` is Partial on ``target``'s mesh, ``target`` is not Partial, and both
     are of one floating (or complex) dtype, so the result has the target's dtype and no
@@ -525,6 +566,8 @@ def _needs_grad(value: Any) -> bool:
 
 
 _EW: Any = None  # the operators' ops (tensor._EW), once looked up
+_into = dispatch.into
+_tensor._inplace = inplace  # DistTensor's in-place operators call it
 
 
 def _ops_ew() -> Any:
