@@ -474,10 +474,10 @@ def into(op: Op, ufunc: Any, x: DistTensor, y: Any) -> bool:
     """``x <op>= y`` (``w -= u``, ``x += 1``; ops/mutation.py's ``inplace``) as numpy's
     in-place ufunc on x's local array, where the operator's cached decision for (x, y) moves
     nothing, uses no remembered reduced value, needs no kernel context and lays its result
-    out as x itself, on host shards with no gradient to record: the values
-    the op's kernel would make (``op``'s kernel is ``ufunc``), written where the general path
-    would copy them. False, writing nothing, for any other call; the caller notes the write.
-    (Note [In-place operators] in ops/mutation.py.)"""
+    out as x itself, on host shards with no gradient to record: the values the op's kernel
+    would make (``op``'s kernel is ``ufunc``), written where the general path would copy
+    them. False, writing nothing, for any other call; the caller notes the write (Note
+    [In-place operators] in ops/mutation.py)."""
     xl = x._local
     ty = type(y)
     if ty is DistTensor:
@@ -515,16 +515,11 @@ def into(op: Op, ufunc: Any, x: DistTensor, y: Any) -> bool:
 
 def _same_layout(a: DistSpec, b: DistSpec) -> bool:
     """Whether specs ``a`` and ``b`` give every rank the same local array: equal, or equal
-    but for placements over mesh dims of one rank (there a Shard, a Replicate and a Partial
-    all hold the whole value: the rules make a 1-rank mesh's results Replicate)."""
+    but for placements over mesh dims of one rank (``_relabels``: the rules make a 1-rank
+    mesh's results Replicate)."""
     if a is b or a == b:
         return True
-    return (
-        a.shape == b.shape
-        and a.dtype == b.dtype
-        and a.mesh == b.mesh
-        and all(p == q or n == 1 for p, q, n in zip(a.placements, b.placements, a.mesh.shape))
-    )
+    return a.shape == b.shape and a.dtype == b.dtype and a.mesh == b.mesh and _relabels(a, b)
 
 
 def keyed(op: Op, x: DistTensor, key: tuple, route: list, at: int) -> Any:

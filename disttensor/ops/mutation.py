@@ -451,11 +451,10 @@ _SCALARS = (int, float, complex, bool)
 
 
 def inplace(ufunc: np.ufunc, target: DistTensor, other: Any) -> DistTensor:
-    """``target <op>= other`` (``x += y``, ``p -= lr * g``, ``a @= b``): the result out of
-    place through the op's rule, written back into the target's buffer; returns ``target``.
-    ``+=``, ``-=``, ``*=`` and ``/=`` with a tensor of the target's shape or a Python scalar
-    compute the result as the operator does (``w - u``), and a result laid out as the target
-    is copied in directly: a parameter update in a loop."""
+    """``target <op>= other`` (``x += y``, ``p -= lr * g``, ``a @= b``), written into the
+    target's buffer; returns ``target``. ``+=``, ``-=``, ``*=`` and ``/=`` run numpy's in-place
+    ufunc where they can, else compute the result as the operator does (``w - u``) and copy
+    it in (Note [In-place operators]); other ufuncs take numpy's ``out=`` path."""
     op = _OPERATORS.get(ufunc)
     if op is not None:  # Note [In-place operators]
         if (
@@ -475,10 +474,9 @@ def inplace(ufunc: np.ufunc, target: DistTensor, other: Any) -> DistTensor:
         and not (autograd.is_grad_enabled() and (target.requires_grad or _needs_grad(other)))
         and (type(other) in _SCALARS or (type(other) is DistTensor and other.shape == target.shape))
     ):
-        if type(other) is DistTensor:
-            if _partial_into_whole(other, target):  # another backend or mesh: the same order
-                with autograd.no_grad():
-                    other = reshard(other, target.mesh, target.placements)
+        if type(other) is DistTensor and _partial_into_whole(other, target):
+            with autograd.no_grad():  # another backend or mesh than _summed_into takes
+                other = reshard(other, target.mesh, target.placements)
         result = (_EW or _ops_ew())[op](target, other)
         rspec = result._spec
         if rspec is target._spec or rspec == target._spec:  # same layout, shape and dtype:
