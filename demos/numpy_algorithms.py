@@ -457,17 +457,29 @@ class Run(NamedTuple):
     step_checks: list
 
 
-def _run(case: Case, state: dict, counter=_NoCounter, clock=None) -> Run:
+_COMPILED: dict = {}
+
+
+def compiled(case: Case) -> Callable[..., dict]:
+    """The case's step under ``dt.compile`` (one per case, kept: its programs too)."""
+    hit = _COMPILED.get(case.label)
+    if hit is None:
+        hit = _COMPILED[case.label] = dt.compile(case.step)
+    return hit
+
+
+def _run(case: Case, state: dict, counter=_NoCounter, clock=None, step=None) -> Run:
     """Start, steps and finish on ``state`` (numpy arrays or DistTensors); ``counter``: a
     context manager class with ``total``, ``total_bytes`` and ``checks`` (``dt.CommCounter``);
-    ``clock``: a _Clock that times each step."""
+    ``clock``: a _Clock that times each step; ``step``: the step to run (the case's)."""
+    step = step or case.step
     per_step, calls, checks, names = [], [], [], set()
     clock = clock or contextlib.nullcontext()
     with counter() as whole:
         state = {**state, **_call(case.start, state)}
         for _ in range(case.steps):
             with clock, counter() as one:
-                out = _call(case.step, state)
+                out = _call(step, state)
                 state.update(out)
             names |= set(out)
             per_step.append(one.total_bytes)
@@ -486,15 +498,15 @@ def run_numpy(case: Case) -> dict:
     return _run(case, case.inputs()).results
 
 
-def run_dt(case: Case, perturb: bool = False) -> Run:
+def run_dt(case: Case, perturb: bool = False, step=None) -> Run:
     """The program on the case's sharded inputs (collective), counted on this rank.
     ``perturb``: add 1e-6 to the last rank's shard of the first sharded input (to see the
-    check fail)."""
+    check fail); ``step``: the step to run (the case's; ``compiled(case)``)."""
     args = shard_inputs(case)
     if perturb and dt.get_rank() == dt.get_world_size() - 1:
         first = next(k for k in args if isinstance(args[k], dt.DistTensor))
         args[first].to_local()[...] += 1e-6
-    return _run(case, args, dt.CommCounter)
+    return _run(case, args, dt.CommCounter, step=step)
 
 
 def run_handwritten(case: Case, comm) -> tuple[dict, list[int], int, list[int]]:
@@ -527,12 +539,17 @@ def time_case(case: Case, comm, rounds: int, warmup: int = 1) -> dict[str, np.nd
         _run(case, shard_inputs(case), clock=clock)
         return clock.times
 
+    def compiled_run() -> list[float]:
+        clock = _Clock(comm)
+        _run(case, shard_inputs(case), clock=clock, step=compiled(case))
+        return clock.times
+
     def hand_run() -> list[float]:
         counted = hw.Counted(comm, timed=True)
         case.handwritten(counted, **case.inputs())
         return counted.times
 
-    variants = {"dt": dt_run, "hand": hand_run}
+    variants = {"dt": dt_run, "compiled": compiled_run, "hand": hand_run}
     samples: dict[str, list] = {k: [] for k in variants}
     for r in range(warmup + rounds):
         for k in sorted(variants, reverse=r % 2 == 1):
@@ -590,6 +607,10 @@ class Outcome:
     hw_calls: list = field(default_factory=list)  # the hand-written calls of each iteration
     calls_formula: int | None = None  # the hand-written calls per iteration by the formula
     dt_checks: list = field(default_factory=list)  # dt's agreement checks of each step
+    compiled_diff: float = 0.0  # the step under dt.compile: its results against numpy's,
+    compiled_calls: list = field(default_factory=list)  # its collectives of each step,
+    replayed: int = 0  # and how many of its steps were replays
+    why: str = ""  # why it was not compiled
 
     def problems(self, case: Case, bound: float = BOUND) -> list[str]:
         """What failed on this rank ([] when everything holds); a known over-communication
@@ -597,6 +618,10 @@ class Outcome:
         out = []
         if not self.dt_diff <= TOLERANCE:
             out.append(f"MISMATCH: dt differs from numpy by {self.dt_diff:.2e}")
+        if not self.compiled_diff <= TOLERANCE:
+            out.append(
+                f"MISMATCH: dt.compile's step differs from numpy by {self.compiled_diff:.2e}"
+            )
         if not self.hw_diff <= TOLERANCE:
             out.append(f"MISMATCH: the hand-written version differs by {self.hw_diff:.2e}")
         if self.outside:
@@ -623,6 +648,11 @@ class Outcome:
         out = []
         if any(c != self.calls_formula for c in self.hw_calls):
             out.append(f"FORMULA: calls measured {self.hw_calls}, formula {self.calls_formula}")
+        if self.compiled_calls and steady(self.compiled_calls) != steady(self.dt_calls):
+            out.append(
+                f"CALLS: dt.compile's step makes {steady(self.compiled_calls)} collectives per "
+                f"iteration ({self.compiled_calls}), the eager step {steady(self.dt_calls)}"
+            )
         if self.calls_differ() and not case.known_calls:
             out.append(
                 f"CALLS: dt makes {steady(self.dt_calls)} collectives per iteration "
@@ -639,6 +669,17 @@ def check(case: Case, comm, perturb: bool = False) -> Outcome:
     got = run_dt(case, perturb)
     hand, iterations, hw_total, hw_calls = run_handwritten(case, comm)
     size, rank = dt.get_world_size(), dt.get_rank()
+    extra = {}
+    if case in ITERATIVE:  # the step under dt.compile: the same values and collectives
+        step = compiled(case)
+        replays = step.replays
+        cgot = run_dt(case, perturb, step)
+        extra = dict(
+            compiled_diff=worst_diff(cgot.results, want),
+            compiled_calls=cgot.step_calls,
+            replayed=step.replays - replays,
+            why=step.why or "",
+        )
     return Outcome(
         dt_diff=worst_diff(got.results, want),
         # the hand-written version returns some of the results, named as numpy's
@@ -656,6 +697,7 @@ def check(case: Case, comm, perturb: bool = False) -> Outcome:
         hw_calls=hw_calls,
         calls_formula=case.hw_calls(case.inputs(), size, rank) if case.hw_calls else None,
         dt_checks=got.step_checks,
+        **extra,
     )
 
 
@@ -694,15 +736,23 @@ def report_iterations(case: Case, outcomes: list[Outcome], times: dict | None) -
     problems = {r: o.count_problems(case) for r, o in enumerate(outcomes)}
     differ = any(o.calls_differ() for o in outcomes)
     verdict = "FAIL" if any(problems.values()) else "KNOWN" if differ else "OK"
+    replayed = min(o.replayed for o in outcomes)
     if times:
-        t_dt, t_hw = (float(np.median(times[k])) for k in ("dt", "hand"))
+        t_dt, t_c, t_hw = (float(np.median(times[k])) for k in ("dt", "compiled", "hand"))
         iqr = max(_iqr(times[k]) for k in times)
-        timing = f"{t_dt * 1e6:>9.1f} {t_hw * 1e6:>9.1f} {t_dt / t_hw:>7.2f} {iqr:>6.2f}"
+        timing = (
+            f"{t_dt * 1e6:>9.1f} {t_c * 1e6:>9.1f} {t_hw * 1e6:>9.1f} {t_dt / t_hw:>7.2f} "
+            f"{t_c / t_hw:>7.2f} {iqr:>6.2f}"
+        )
     else:
-        timing = f"{'-':>9} {'-':>9} {'-':>7} {'-':>6}"
+        timing = f"{'-':>9} {'-':>9} {'-':>9} {'-':>7} {'-':>7} {'-':>6}"
     line = (
-        f"{case.label:<32} {len(outcomes):>5} {dt_c:>7} {hw_c:>7} {checks:>7} {timing}  {verdict}"
+        f"{case.label:<32} {len(outcomes):>5} {dt_c:>7} {hw_c:>7} {checks:>7} {replayed:>8} "
+        f"{timing}  {verdict}"
     )
+    why = {o.why for o in outcomes if o.why}
+    if why:
+        line += "\n    not compiled: " + "; ".join(sorted(why))
     if verdict == "KNOWN":
         line += f"\n    known: {case.known_calls}"
     for r, found in problems.items():
@@ -724,12 +774,14 @@ HEADER = (
 )
 
 ITERATION_HEADER = (
-    f"{'program [layout]':<32} {'ranks':>5} {'dt':>7} {'hand':>7} {'checks':>7} "
-    f"{'dt us':>9} {'hand us':>9} {'ratio':>7} {'IQR':>6}  verdict\n"
+    f"{'program [layout]':<32} {'ranks':>5} {'dt':>7} {'hand':>7} {'checks':>7} {'replayed':>8} "
+    f"{'dt us':>9} {'comp us':>9} {'hand us':>9} {'ratio':>7} {'comp':>7} {'IQR':>6}  verdict\n"
     "(per iteration: collectives of the busiest rank, dt and hand-written (each collective or "
-    "send that reaches another rank), dt's agreement checks; time, median over the iterations "
-    "after the first of each run, each the max over ranks; ratio: dt / hand-written time; IQR:"
-    " relative, the larger of the two)"
+    "send that reaches another rank), dt's agreement checks; replayed: steps of the checked run"
+    " that dt.compile replayed (the rest recorded); time, median over the iterations after the "
+    "first of each run, each the max over ranks: dt eager, the step under dt.compile (comp), "
+    "hand-written; ratio and comp: dt's and compiled time / hand-written time; IQR: relative, "
+    "the largest of the three)"
 )
 
 

@@ -7,6 +7,7 @@ work.
 from . import nn, optim, spmd
 from .autograd import enable_grad, is_grad_enabled, no_grad
 from .backend import get_device, set_device
+from .capture import compile
 from .checkpoint import load, save
 from .comm import RankAborted, barrier, get_rank, get_world_size, simulate
 from .comm.agree import RanksDiverged
@@ -64,6 +65,7 @@ __all__ = [
     "Shard",
     "arange",
     "barrier",
+    "compile",
     "describe",
     "dtensor_from_local",
     "empty",

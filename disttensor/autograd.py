@@ -38,6 +38,7 @@ import numpy as np
 from . import backend, comm
 from .backend import DEVICE_ARRAYS
 from .comm.agree import doing
+from .recording import on as _recording
 
 
 class _State(threading.local):
@@ -189,6 +190,9 @@ def _root(a: Any) -> Any:
 
 def note_mutation(local: np.ndarray) -> None:
     """``local`` (a DistTensor's local array) was just written in place."""
+    rec = _recording.rec
+    if rec is not None and not rec.depth:  # dt.compile records: a write it replays?
+        rec.wrote(local)
     seq = next(_seq)
     root = _root(local)
     i = id(root)

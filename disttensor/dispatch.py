@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from . import autograd, backend, comm
+from . import autograd, backend, comm, recording
 from . import tensor as _tensor
 from .accounting import NO_RULE, note_outside_rules, outside_rules
 from .autograd import GRADIENTS as _GRADIENTS
@@ -35,6 +35,7 @@ from .comm.agree import Stack, _doing, doing, fixed_item
 from .explain import HOOKS as _explain
 from .mesh import different_meshes
 from .placement import Replicate
+from .recording import on as _recording_on
 from .reshard import move as _reshard_move
 from .spec import DistSpec
 from .spmd import TensorSpec, get_rule
@@ -155,6 +156,8 @@ def _forget(key: tuple, _ref: Any) -> None:
     """A spec of identity key ``key`` was freed: its entry goes (Note [Dispatch fast path]).
     At interpreter exit the module's globals may be gone (None) before the last specs."""
     cache = _cache
+    if cache is _OFF:  # dt.compile records: the cache is kept aside
+        cache = _kept[0]
     if cache is not None:
         cache.pop(key, None)
 
@@ -221,6 +224,33 @@ def _code(op: Op, items: tuple) -> int:
 
 _CODES: dict[tuple, int] = {}
 _cache: dict[tuple, Any] = {}
+
+
+class _Off(dict):
+    """``_cache`` while dt.compile records (Note [Compiled steps] in capture.py): it finds
+    and keeps nothing, so every call takes the general path, which reports its kernel."""
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return None
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        pass
+
+
+_OFF = _Off()
+_kept: list = [None]  # the cache while ``_cache`` is _OFF
+
+
+def caches_off(off: bool) -> None:
+    """Turn the decision cache off (``off``) or back on: capture.py, while a thread
+    records."""
+    global _cache
+    if off:
+        _kept[0], _cache = _cache, _OFF
+    else:
+        _cache, _kept[0] = _kept[0], None
+
+
 _CACHE_LIMIT = 65536
 _NO_ATTRS = ()
 _SCALARS = frozenset({int, float, bool, complex})  # Python scalars: the plan ignores the value
@@ -529,7 +559,13 @@ def keyed(op: Op, x: DistTensor, key: tuple, route: list, at: int) -> Any:
     plan moves nothing, skips ``_call``'s key building and lookup: the kernel, then the wrap
     ``_call``'s fast path makes (Note [Dispatch fast path]); anything else is ``_call``."""
     entry = route[at]
-    if entry is not None and not x.requires_grad and entry.hows is None and not op.saves:
+    if (
+        entry is not None
+        and not x.requires_grad
+        and entry.hows is None
+        and not op.saves
+        and _recording_on.rec is None  # dt.compile records the general path
+    ):
         last = entry.last
         xl = x._local
         if last is not None and last[0] is _comm_ctx.world and type(xl) is _ND:
@@ -770,6 +806,8 @@ def _operands(args: tuple) -> tuple | None:
                 hit = _OPERAND_SPECS[key] = (_replicate(a, mesh)._spec, token(a))
             t = out[i] = DistTensor(a, hit[0])
             t._lin = hit[1]  # an array's token: its shape and dtype
+            if (rec := _recording_on.rec) is not None:  # Note [Compiled steps] in capture.py
+                rec.constant(a)
         elif type(a) in _ARRAYS:  # a device array, or an array type of another backend
             return None
     return tuple(out)
@@ -835,6 +873,13 @@ def _general(op: Op, args: tuple, attrs: dict, idkey: Any, entry: _Entry | None)
     if moves is None and out_shapes is None:  # a fallback with nothing to move
         note_outside_rules(op.name, NO_RULE, 0)
     # 4. kernel
+    if (rec := _recording_on.rec) is not None:  # dt.compile records (Note [Compiled steps])
+        if coord is not None:
+            result = _recorded(op, kernel, kargs, tensors, attrs, coord, plan, t)
+            return _finish(
+                op, args, attrs, entry, plan, mesh, coord, kargs, result, tensors, pos, t
+            )
+        rec.refuse("a rank outside a tensor's mesh")
     if coord is None:
         result = _probe(op, kargs, pos, attrs, targets, out_placements)
     elif op.ctx:
@@ -850,6 +895,54 @@ def _general(op: Op, args: tuple, attrs: dict, idkey: Any, entry: _Entry | None)
         elif type(result) is tuple:
             result = result[0]
     return _finish(op, args, attrs, entry, plan, mesh, coord, kargs, result, tensors, pos, t, extra)
+
+
+class _Kernel:
+    """An op's host kernel as a compiled step replays it: the result as ``_wrap`` takes it
+    (its arrays, a saving kernel's saved values left out), one object per op."""
+
+    __slots__ = ("kernel", "saves")
+
+    def __init__(self, op: Op) -> None:
+        self.kernel, self.saves = op.kernel, op.saves
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        result = self.kernel(*args, **kwargs)
+        if self.saves:
+            result = result[0]
+        if type(result) is tuple:
+            return tuple(r if type(r) is _ND else np.asarray(r) for r in result)
+        return result if type(result) is _ND else np.asarray(result)
+
+
+_KERNELS: dict[Op, _Kernel] = {}
+
+
+def _recorded(op: Op, kernel, kargs: list, tensors: list, attrs: dict, coord, plan, t) -> Any:
+    """Step 4 while dt.compile records this thread: the kernel run as an event of the
+    recording (Note [Compiled steps] in capture.py), or, where a replay could not repeat
+    it, run as always with the recording refused."""
+    rec = _recording_on.rec
+    targets, out_placements, out_shapes, _, _ = plan
+    why = None
+    if out_shapes is None:
+        why = f"{op.name!r} has no rule (the replicate fallback)"
+    elif t is not _ND:
+        why = "device shards"
+    elif autograd._state.enabled and any(a.requires_grad for a in tensors):
+        why = "a gradient to record"
+    if why is not None:
+        rec.refuse(why)
+        ctx = KernelContext(targets, out_placements, coord, out_shapes) if op.ctx else None
+        result = kernel(*kargs, ctx=ctx, **attrs) if op.ctx else kernel(*kargs, **attrs)
+        return result[0] if op.saves else result
+    k = _KERNELS.get(op)
+    if k is None:
+        k = _KERNELS[op] = _Kernel(op)
+    kw = attrs
+    if op.ctx:
+        kw = {**attrs, "ctx": KernelContext(targets, out_placements, coord, out_shapes)}
+    return recording.run(k, tuple(kargs), kw)
 
 
 def _named(op: Op, tensors: list, entry: _Entry | None) -> doing:
@@ -926,6 +1019,10 @@ def _normalize_and_decide(op: Op, args: tuple, attrs: dict, idkey: Any):
     if mesh is None:  # plain arrays: the first device array's type decides the kernel
         return None, None, pos, tensors, next((type(a) for a in tensors if type(a) in _DEVICE), _ND)
     if arrays:
+        if (rec := _recording_on.rec) is not None:  # arrays the program made (or its inputs)
+            for a in tensors:
+                if not isinstance(a, DistTensor):
+                    rec.constant(a)
         tensors = [
             a if isinstance(a, DistTensor) else _replicate(_on(op, a, t), mesh) for a in tensors
         ]

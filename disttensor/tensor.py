@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from . import autograd, backend, comm
+from . import autograd, backend, comm, recording
 from . import reshard as _reshard
 from ._format import format_array, shown_indices
 from .accounting import outside_rules
@@ -34,6 +34,7 @@ from .comm.agree import doing
 from .comm.base import reduce_arrays
 from .mesh import ProcessMesh, names_differ
 from .placement import Partial, Placement, Replicate
+from .recording import on as _recording
 from .spec import DistSpec, contiguous
 
 
@@ -239,11 +240,15 @@ class DistTensor:
     def to_local(self) -> Any:
         """This rank's shard, no communication (empty on ranks outside the mesh): a numpy
         array, or the device array itself on a GPU."""
+        if _recording.rec is not None:
+            recording.data_out("to_local()")
         return self._local
 
     def numpy(self) -> np.ndarray:
         """The global value as a host numpy array (from a device too), on every rank of the
         mesh (collective over the mesh)."""
+        if _recording.rec is not None:
+            recording.data_out("numpy()")
         rank = comm.get_rank()
         if rank not in self.mesh:
             raise RuntimeError(
@@ -278,6 +283,7 @@ class DistTensor:
         Above numpy's summarization threshold only the items that are shown are gathered.
         """
         prefix = "DistTensor("
+        recording.data_out("print")
         rank = comm.get_rank()
         if rank not in self.mesh:
             body = "<not on this rank>"
@@ -715,10 +721,12 @@ class DistTensor:
 
     def __index__(self) -> int:
         """A 0-d integer tensor as an index (collective); others raise TypeError."""
+        recording.data_out("an index")
         return _nd().index(self)
 
     def __format__(self, spec: str) -> str:
         """A 0-d tensor formats its value (``f"{loss:.4f}"``); others only as ``str(x)``."""
+        recording.data_out("format()")
         return _nd().format_(self, spec)
 
     def __getitem__(self, key):
@@ -795,6 +803,7 @@ class DistTensor:
 
     def item(self, *args):
         """One element as a Python scalar, as numpy (collective: only that element moves)."""
+        recording.data_out("item()")
         return _nd().item(self, *args)
 
 
@@ -1511,13 +1520,18 @@ def moved(x: DistTensor, dst: DistSpec, chain: tuple | None = None, how: Any = N
             # reduced with pending ones (Note [Small reductions ride together]), or alone
             local = _together(x, dst, items) if items else None
             if local is None:  # named by its lineage (Note [Lineage names the tensor])
-                local = _reshard.execute(x._local, spec, dst, how, x._lin)
+                if _recording.rec is None:
+                    local = _reshard.execute(x._local, spec, dst, how, x._lin)
+                else:  # dt.compile records (Note [Compiled steps] in capture.py)
+                    args = (x._local, spec, dst, how, x._lin)
+                    local = recording.run(_reshard.execute, args, None, 4)
         else:  # dispatch's bool Partials: reduced first
             if items:
                 items.clear()  # a move: what was pending before it no longer rides
             local = x._local
             for step in chain:
-                local, spec = _reshard.execute(local, spec, step, None, x._lin), step
+                local = recording.run(_reshard.execute, (local, spec, step, None, x._lin), None, 4)
+                spec = step
             how = _reshard.move(x._spec, dst)
         keep = not how.gathers or how.nbytes <= MEMO_GATHER_BYTES
     if keep:
@@ -1664,9 +1678,6 @@ def _together(x: DistTensor, dst: DistSpec, items: list) -> Any:
             size += a.nbytes
     if not riders:
         return None
-    parts = [local.reshape(-1)]
-    for t in riders:
-        parts.append(t._local.reshape(-1))
     n = size // local.itemsize
     hit = _FLAT.get((id(key), n))  # ride keys live for ever: their ids stay theirs
     if hit is None:
@@ -1675,13 +1686,27 @@ def _together(x: DistTensor, dst: DistSpec, items: list) -> Any:
         flat = DistSpec(key[0], key[1], (n,), key[2])
         whole = flat.without_partials()
         hit = _FLAT[(id(key), n)] = (flat, whole, _reshard.move(flat, whole))
-    out = _reshard.execute(_reshard._xp(local).concatenate(parts), *hit, x._lin)
+    others = tuple(t._local for t in riders)
+    outs = recording.run(_packed, (local, others, *hit, x._lin), None, 5)
+    for t, out in zip(riders, outs[1:]):
+        _remember(t, t._spec.without_partials(), out)
+    return outs[0]
+
+
+def _packed(local: Any, others: tuple, flat: DistSpec, whole: DistSpec, how: Any, lin: int):
+    """``local`` and the arrays ``others`` reduced in one move of their concatenation from
+    ``flat`` to ``whole`` (``how``; ``lin``: the lineage it is named by), each back in its
+    shape: Note [Small reductions ride together]."""
+    parts = [local.reshape(-1)]
+    for a in others:
+        parts.append(a.reshape(-1))
+    out = _reshard.execute(_reshard._xp(local).concatenate(parts), flat, whole, how, lin)
+    res = [out[: local.size].reshape(local.shape)]
     off = local.size
-    for t in riders:
-        a = t._local
-        _remember(t, t._spec.without_partials(), out[off : off + a.size].reshape(a.shape))
+    for a in others:
+        res.append(out[off : off + a.size].reshape(a.shape))
         off += a.size
-    return out[: local.size].reshape(local.shape)
+    return tuple(res)
 
 
 # the flat spec of n packed elements of a ride key, its Partials reduced, and the move
@@ -1769,7 +1794,12 @@ def _from_root(x: DistTensor, dst: DistSpec) -> Any:
         if reads * (math.prod(dst.shape) * dst.dtype.itemsize + READ_BYTES) < nbytes:
             return None
         whole = moved(root, full)
-    for index in d[3]:
+    return recording.run(_pick, (whole, d[3]))
+
+
+def _pick(whole: Any, keys: tuple) -> Any:
+    """``whole[keys[0]][keys[1]]...``: a pick's value read from its root's whole value."""
+    for index in keys:
         whole = whole[index]
     return whole
 

@@ -62,12 +62,13 @@ from typing import Any
 
 import numpy as np
 
-from .. import autograd, backend, comm, dispatch
+from .. import autograd, backend, comm, dispatch, recording
 from .. import reshard as _reshard
 from .. import tensor as _tensor
 from ..accounting import outside_rules
 from ..comm import _ctx
 from ..placement import Partial, Replicate
+from ..recording import on as _recording
 from ..spmd.shape_rules import broadcast_shapes, canonical_key, index_layout, within
 from ..tensor import DistTensor, code_of, moved, reshard
 from . import indexing
@@ -255,7 +256,11 @@ def write_region(target: DistTensor, ckey: tuple, value: Any) -> None:
         if fetch[4] is not None and plain is vspec and type(value._local) is np.ndarray:
             # the value's rows here are its own: copied straight in (numpy minds an overlap,
             # x[1:] = x[:-1]; a device's copy does not, so device values take the box)
-            target._local[mine[0]] = value._local[fetch[4]]
+            tl, vl = target._local, value._local
+            if _recording.rec is None:
+                tl[mine[0]] = vl[fetch[4]]
+            else:  # Note [Compiled steps] in capture.py
+                recording.write(_copy_part, tl, (tl, mine[0], vl, fetch[4]))
             return
         piece = _reshard.deliver(value._local, vspec, fetch)
         if mine is None:
@@ -281,6 +286,11 @@ def write_region(target: DistTensor, ckey: tuple, value: Any) -> None:
         return
     v = be.xp.broadcast_to(v.reshape(vshape), region)
     target._local[src] = v[tuple(slice(s, s + n) for s, n in reg)]
+
+
+def _copy_part(dst: Any, at: tuple, src: Any, part: tuple) -> None:
+    """``dst[at] = src[part]``: a region's rows copied straight in (``write_region``)."""
+    dst[at] = src[part]
 
 
 def _write_plan(target: DistTensor, ckey: tuple, rank: int) -> tuple:
@@ -462,7 +472,11 @@ def inplace(ufunc: np.ufunc, target: DistTensor, other: Any) -> DistTensor:
             and not ((target.requires_grad or other.requires_grad) and autograd._state.enabled)
             and (how := _summed_into(target, other)) is not None
         ):  # the reduced shard, straight in
-            ufunc(target._local, moved(other, target._spec, None, how), out=target._local)
+            v, tl = moved(other, target._spec, None, how), target._local
+            if _recording.rec is None:
+                ufunc(tl, v, out=tl)
+            else:  # dt.compile records (Note [Compiled steps] in capture.py)
+                recording.write(ufunc, tl, (tl, v), {"out": tl})
             _written(target)
             return target
         ops = _EW or _ops_ew()
@@ -480,7 +494,10 @@ def inplace(ufunc: np.ufunc, target: DistTensor, other: Any) -> DistTensor:
         result = (_EW or _ops_ew())[op](target, other)
         rspec = result._spec
         if rspec is target._spec or rspec == target._spec:  # same layout, shape and dtype:
-            target._local[...] = result._local  # copied in
+            if _recording.rec is None:
+                target._local[...] = result._local  # copied in
+            else:  # Note [Compiled steps] in capture.py
+                recording.write(np.copyto, target._local, (target._local, result._local))
             _written(target)
         else:  # a cast, another layout: as below
             write_out(ufunc.__name__, result, target, "same_kind")
@@ -613,7 +630,9 @@ def write_out(
                 with autograd.no_grad():
                     result = reshard(result, out.mesh, out.placements)
             if out._spec.mesh.get_coord(comm.get_rank()) is not None:
-                backend.xp(out._local).copyto(out._local, result._local, casting="unsafe")
+                copyto = backend.xp(out._local).copyto
+                ol = out._local
+                recording.write(copyto, ol, (ol, result._local), {"casting": "unsafe"})
             _written(out)
         else:
             with autograd.no_grad():

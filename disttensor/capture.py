@@ -1,0 +1,618 @@
+"""``dt.compile``: a step function recorded while it runs eagerly, then replayed as its array
+computations alone (Note [Compiled steps])."""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from . import autograd, dispatch, recording
+from . import comm as _comm
+from . import reshard as _reshard
+from .comm import agree
+from .comm import base as _comm_base
+from .explain import HOOKS as _explain
+from .recording import Name, Recorder, Slot
+from .spec import DistSpec, contiguous
+from .tensor import DistTensor, _forget_pending, _remember, code_of, remembered
+
+# Note [Compiled steps]
+#     An iterative program's step (a conjugate gradient iteration, an optimizer update) makes
+#     the same calls every iteration: the same ops on tensors of the same specs, the same
+#     moves. Eagerly each call pays dispatch (keys, decisions, wrapping a DistTensor for every
+#     intermediate) around a numpy call of a microsecond. ``dt.compile(step)`` runs the step
+#     eagerly while the lower layers report what they compute (recording.py): each op's
+#     kernel on its local arrays, each move of a local array (``reshard.execute``, the riders'
+#     packed reduction, a pick read from its root), each in-place write. Arrays are numbered
+#     slots: the inputs' local arrays and remembered moves, the arrays the program made from
+#     Python values (operands such as ``np.arange(k)``), and each event's results. When two
+#     calls in a row with the same key (the inputs' structure, specs, identities and Python
+#     values) record the same events with the same constants, the recording becomes a
+#     program: straight-line Python that binds the inputs' arrays, calls each event's function
+#     (the very kernels and moves, so the values and the collectives are the eager ones, the
+#     agreement check included) and wraps the outputs, with the remembered moves the eager
+#     step would leave on them (Note [One move per tensor]). Later calls with that key replay
+#     it. A call whose inputs lack a remembered move the program reads, or whose written
+#     input stands for a numpy view (``_copies``), runs eagerly and records again.
+#     A recording is refused, and the step stays eager, when a replay could differ from the
+#     eager run: data reached Python (``float(x)``, ``print``, ``x.numpy()``, ``to_local``),
+#     an array whose making was not reported fed an event or is returned, a write was not
+#     reported, a collective ran outside a reported move, a gradient was recorded, an op fell
+#     back to Replicate, shards live on a device, a rank is outside a mesh, dt.explain is on.
+#     As with jax.jit, Python values and numpy arrays the step reads from outside its
+#     arguments are constants of the recording; pass what changes as an argument (a changed
+#     Python value or array shape is another key: it records again). Every rank decides
+#     alike: the keys, recordings and refusals are the program's, the same on every rank.
+#     While a thread records, dispatch's caches are off (``dispatch._cache``) so every call
+#     takes the general path, the one that reports.
+MAX_PROGRAMS = 8  # programs kept per compiled function (keys), the oldest dropped
+MAX_TRIES = 6  # recordings of one key that never agree twice in a row: it stays eager
+
+
+_lock = threading.Lock()
+_recording = [0]  # threads recording now
+
+
+def _start(rec: Recorder) -> Callable[[str, int], None]:
+    with _lock:
+        if _recording[0] == 0:
+            dispatch.caches_off(True)
+        _recording[0] += 1
+    recording.on.rec = rec
+
+    def outside(kind: str, nbytes: int) -> None:
+        if not rec.depth:
+            rec.refuse(f"a collective ({kind}) outside an op or a move")
+
+    _comm_base.add_observer(outside)
+    return outside
+
+
+def _stop(observer: Callable[[str, int], None]) -> None:
+    recording.on.rec = None
+    _comm_base.remove_observer(observer)
+    with _lock:
+        _recording[0] -= 1
+        if _recording[0] == 0:
+            dispatch.caches_off(False)
+
+
+# -- inputs and outputs ------------------------------------------------------------------------
+_SCALAR_TYPES = (int, float, bool, complex, str, bytes, type(None), np.generic, np.dtype)
+_FLAT = frozenset({DistTensor, np.ndarray, int, float, bool, complex, str, bytes, type(None)})
+
+
+def _flatten(tree: Any, leaves: list, ids: dict) -> Any:
+    """The key of ``tree`` (nested tuples, lists and dicts of DistTensors, numpy arrays and
+    Python values); its DistTensors and arrays appended to ``leaves``. None: cannot key."""
+    t = type(tree)
+    if t is DistTensor:
+        i = ids.setdefault(id(tree), len(leaves))
+        leaves.append(tree)
+        return ("T", tree._spec, type(tree._local), tree.requires_grad, i)
+    if t is np.ndarray:
+        i = ids.setdefault(id(tree), len(leaves))
+        leaves.append(tree)
+        return ("A", tree.shape, tree.dtype, tree.strides, i)
+    if t is tuple or t is list:
+        parts = []
+        for x in tree:
+            k = _flatten(x, leaves, ids)
+            if k is None:
+                return None
+            parts.append(k)
+        return (t, *parts)
+    if t is dict:
+        parts = []
+        for name, x in tree.items():
+            k = _flatten(x, leaves, ids)
+            if k is None:
+                return None
+            parts.append((name, k))
+        return (dict, *parts)
+    if isinstance(tree, _SCALAR_TYPES):
+        if isinstance(tree, float) and tree != tree:
+            return ("nan", t)
+        return ("V", t, tree)
+    return None
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Whether constants ``a`` and ``b`` of two recordings are the same value."""
+    if a is b:
+        return True
+    ta = type(a)
+    if ta is not type(b):
+        return False
+    if ta is Name:
+        return True  # names only (Name's note)
+    if ta is np.ndarray:
+        return a.shape == b.shape and a.dtype == b.dtype and bool(np.array_equal(a, b))
+    if ta is tuple or ta is list:
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if ta is dict:
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if ta is dispatch.KernelContext:
+        return (a.inputs, a.outputs, a.coord, a.shapes) == (b.inputs, b.outputs, b.coord, b.shapes)
+    if ta is float and a != a and b != b:
+        return True
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
+
+
+class _Program:
+    """One recording, checked and turned into code (Note [Compiled steps])."""
+
+    def __init__(self, rec: Recorder, bound: list, outs: Any, tree: Any) -> None:
+        self.events = rec.events
+        # per slot how a replay binds it (``_bind``): ("local", leaf), ("memo", leaf, spec),
+        # ("array", leaf), ("const", array), ("made",)
+        self.bound = bound
+        self.outs = outs  # per output leaf: ("in", leaf), ("new", slot, spec, memos), ("value", v)
+        self.tree = tree  # the result's structure, its leaves numbered
+        self.source = ""  # the replay's code
+        self.run: Callable[[list], Any] | None = None
+        self.flat: Callable[[list], Any] | None = None  # run on a flat call's arguments
+
+    def same(self, other: _Program) -> bool:
+        if len(self.events) != len(other.events) or len(self.bound) != len(other.bound):
+            return False
+        for b1, b2 in zip(self.bound, other.bound):
+            if b1[0] != b2[0] or not _same(b1[1:], b2[1:]):
+                return False
+        for e1, e2 in zip(self.events, other.events):
+            if e1[0] != e2[0] or e1[4] != e2[4] or not _same(e1[1], e2[1]):
+                return False
+            if not _same(e1[2], e2[2]) or not _same(e1[3], e2[3]):
+                return False
+        return _same(self.outs, other.outs) and _same(self.tree, other.tree)
+
+    def build(self, inputs: list, world: Any, flat: list | None = None) -> Callable[[list], Any]:
+        """The replay function on ``world``: ``run(L)`` with ``L`` the call's leaves gives
+        the result, or None where an input misses a remembered move the program reads or a
+        written input stands for a numpy view (nothing done then). ``flat``: the arguments
+        of a call without containers, in order: then ``L`` is such a call's arguments and
+        ``run`` first checks that they key this program (``_guards``)."""
+        ns: dict[str, Any] = {
+            "_remembered": remembered,
+            "_remember": _remember,
+            "_DT": DistTensor,
+            "_note": autograd.note_mutation,
+            "_copy_of": _copy_of,
+            "_W": _WRITE,
+            "_ND": np.ndarray,
+            "_asarray": np.asarray,
+            "_reduced": _all_reduce_unchecked,
+            "_gathered": _all_gather_unchecked,
+        }
+        consts: dict[int, str] = {}
+
+        def const(v: Any) -> str:
+            name = consts.get(id(v))
+            if name is None:
+                name = consts[id(v)] = f"c{len(consts)}"
+                ns[name] = v
+            return name
+
+        def expr(v: Any) -> str:
+            t = type(v)
+            if t is Slot:
+                return f"s{v.i}"
+            if t is Name:
+                return const(v.v)
+            if t is tuple:
+                inner = ", ".join(expr(x) for x in v)
+                return f"({inner},)" if v else "()"
+            if t is list:
+                return "[" + ", ".join(expr(x) for x in v) + "]"
+            if t is dict:
+                return "{" + ", ".join(f"{k!r}: {expr(x)}" for k, x in v.items()) + "}"
+            return const(v)
+
+        specs = [t._spec for t in inputs if type(t) is DistTensor]
+
+        def canon(spec: DistSpec) -> DistSpec:
+            """The first input's spec equal to ``spec``: the results get it, so the next
+            call's guard finds its inputs' specs by identity."""
+            return next((t for t in specs if t == spec), spec)
+
+        lines = ["def run(L):"]
+        at = list(range(len(inputs)))  # leaf i is L[at[i]]
+        if flat is not None:
+            at = [k for k, v in enumerate(flat) if type(v) is DistTensor or type(v) is np.ndarray]
+            lines += _guards(flat, const, canon)
+        leaf_of_slot: dict[int, int] = {}
+        for i, b in enumerate(self.bound):
+            kind = b[0]
+            if kind == "local":
+                lines.append(f"    s{i} = L[{at[b[1]]}]._local")
+                leaf_of_slot[i] = at[b[1]]
+            elif kind == "memo":
+                lines.append(f"    s{i} = _remembered(L[{at[b[1]]}], {const(b[2])})")
+                lines.append(f"    if s{i} is None: return None")
+            elif kind == "array":
+                lines.append(f"    s{i} = L[{at[b[1]]}]")
+            elif kind == "const":
+                lines.append(f"    s{i} = {const(b[1])}")
+        written = sorted({e[4][0] for e in self.events if e[0] == "write"} & set(leaf_of_slot))
+        for s in written:  # a written input that stands for a view writes through: eager
+            lines.append(f"    if _copy_of(L[{leaf_of_slot[s]}]) is not None: return None")
+        checked: set = set()  # the groups whose first collective of the replay is checked
+        for kind, fn, args, kwargs, outs in self.events:
+            call = [expr(a) for a in args] + [f"{k}={expr(x)}" for k, x in kwargs.items()]
+            if kind == "one" and type(fn) is dispatch._Kernel and not fn.saves:
+                # the op's kernel itself, its numpy scalar made an array (dispatch._Kernel)
+                o = f"s{outs[0]}"
+                lines.append(f"    {o} = {const(fn.kernel)}({', '.join(call)})")
+                lines.append(f"    if type({o}) is not _ND: {o} = _asarray({o})")
+                continue
+            if kind == "one" and fn is _reshard.execute and not kwargs:
+                raw = _unchecked(args, world, checked)
+                if raw is not None:
+                    lines.append(f"    s{outs[0]} = {raw[0]}({expr(args[0])}, {const(raw[1])})")
+                    continue
+            text = f"{const(fn)}({', '.join(call)})"
+            if kind == "one":
+                lines.append(f"    s{outs[0]} = {text}")
+            elif kind == "many":
+                lines.append(f"    {', '.join(f's{o}' for o in outs)}, = {text}")
+            else:
+                lines.append(f"    {text}")
+                lines.append(f"    _note(s{outs[0]})")
+                if outs[0] in leaf_of_slot:
+                    leaf = leaf_of_slot[outs[0]]
+                    lines.append(f"    L[{leaf}]._lin = hash((_W, L[{leaf}]._lin))")
+        first = next((i for i, t in enumerate(inputs) if type(t) is DistTensor), None)
+        if first is not None:
+            lines.append(f"    b = L[{at[first]}]._lin")
+        base = "b" if first is not None else "0"
+        results = []
+        for k, o in enumerate(self.outs):
+            if o[0] == "in":
+                results.append(f"L[{at[o[1]]}]")
+            elif o[0] == "value":
+                results.append(const(o[1]))
+            else:
+                _, slot, spec, memos = o
+                lines.append(f"    o{k} = _DT(s{slot}, {const(canon(spec))})")
+                lines.append(f"    o{k}._lin = hash(({const(_code(k))}, {base}))")
+                for dst, m in memos:
+                    lines.append(f"    _remember(o{k}, {const(dst)}, s{m})")
+                results.append(f"o{k}")
+        lines.append(f"    return {_literal(self.tree, results, const)}")
+        source = "\n".join(lines)
+        exec(source, ns)
+        self.source = source
+        return ns["run"]
+
+
+def _guards(flat: list, const: Callable[[Any], str], canon: Callable[[Any], Any]) -> list:
+    """The lines that check that a call's arguments ``L`` key the program recorded with
+    arguments ``flat`` (``_flatten``'s key, written out: specs by identity, which the
+    program holds)."""
+    lines = [f"    if len(L) != {len(flat)}: return None"]
+    seen: dict[int, int] = {}
+    for k, v in enumerate(flat):
+        a = f"L[{k}]"
+        if id(v) in seen:
+            lines.append(f"    if {a} is not L[{seen[id(v)]}]: return None")
+            continue
+        seen[id(v)] = k
+        t = type(v)
+        if t is DistTensor:
+            c = const(canon(v._spec))
+            lines.append(
+                f"    if type({a}) is not _DT or ({a}._spec is not {c} and {a}._spec != {c}) or "
+                f"{a}.requires_grad or type({a}._local) is not _ND: return None"
+            )
+        elif t is np.ndarray:
+            lines.append(
+                f"    if type({a}) is not _ND or {a}.shape != {const(v.shape)} or {a}.dtype != "
+                f"{const(v.dtype)} or {a}.strides != {const(v.strides)}: return None"
+            )
+        else:
+            lines.append(f"    if type({a}) is not {const(t)} or {a} != {const(v)}: return None")
+    for k, v in enumerate(flat):  # arrays passed once were not the same object
+        if type(v) in (DistTensor, np.ndarray) and seen[id(v)] == k:
+            for j in range(k):
+                if type(flat[j]) in (DistTensor, np.ndarray) and id(flat[j]) != id(v):
+                    lines.append(f"    if L[{k}] is L[{j}]: return None")
+    return lines
+
+
+def _literal(tree: Any, results: list, const: Callable[[Any], str]) -> str:
+    """The result's structure as a Python expression of its leaves ``results``."""
+    t = tree[0]
+    if t == "leaf":
+        return results[tree[1]]
+    if t is dict:
+        return (
+            "{" + ", ".join(f"{const(k)}: {_literal(v, results, const)}" for k, v in tree[1]) + "}"
+        )
+    inner = [_literal(v, results, const) for v in tree[1]]
+    if t is list:
+        return "[" + ", ".join(inner) + "]"
+    return "(" + "".join(f"{x}, " for x in inner) + ")"
+
+
+def _unchecked(args: tuple, world: Any, checked: set) -> tuple | None:
+    """(the name of the unchecked collective, its constant) that replays a move
+    (``reshard.execute``'s arguments as recorded) without the agreement check, where one
+    replaces it: a one-step all-reduce or gather of a vector on a group whose first move of
+    this replay was checked (Note [Compiled steps]); None: the move as recorded (and the
+    group's first, ``checked`` notes it). The same on every rank: it depends on the specs."""
+    _, spec, dst, how, _ = args
+    if how is None or how.cross or agree.DEBUG or not isinstance(spec, DistSpec):
+        return None
+    hit = how.bind(world, spec)
+    if hit[1] is None or len(hit[2]) != 1:
+        return None
+    fn, before, step, dim = hit[2][0]
+    group = (spec.mesh, step.mesh_dim)
+    if group not in checked:
+        checked.add(group)
+        return None
+    if fn is _reshard._all_reduce:
+        return "_reduced", (dim, step.src.reduce_type)
+    if fn is _reshard._all_gather and dim.memo is not None and len(dim.memo[1]) == 1:
+        return "_gathered", (dim, dim.memo[1], before.dtype, dim.memo[3])
+    return None
+
+
+def _all_reduce_unchecked(local: Any, c: tuple) -> Any:
+    """``reshard._all_reduce`` without the check: the backend's call, counted."""
+    comm = c[0].comm
+    if type(local) is not np.ndarray or not local.flags.c_contiguous:
+        local = contiguous(local)
+    unchecked = getattr(comm, "_unchecked_sum", None)  # MPI's: the MPI call alone, counted
+    if unchecked is not None and type(local) is np.ndarray:
+        return unchecked(local, None, c[1])
+    out = np.empty_like(local)
+    _comm_base.record("all_reduce", local.nbytes)
+    comm._allreduce(local, out, c[1])
+    return out
+
+
+def _all_gather_unchecked(local: Any, c: tuple) -> Any:
+    """``reshard._all_gather`` of a vector without the check: the backend's call, counted."""
+    if type(local) is not np.ndarray or not local.flags.c_contiguous:
+        local = contiguous(local)
+    out = np.empty(c[1], c[2])
+    _comm_base.record("all_gather", local.nbytes)
+    c[0].comm._allgather(local, out, c[3])
+    return out
+
+
+_WRITE = code_of("written")
+
+
+def _code(k: int) -> int:
+    return hash((code_of("compiled step output"), k))
+
+
+def _copy_of(t: DistTensor) -> Any:
+    from .ops.mutation import _copy_of as copy_of
+
+    return copy_of(t)
+
+
+def _outputs(result: Any, inputs: list, ids: dict, rec: Recorder) -> tuple[list, Any]:
+    """(per output leaf its binding, the result's structure with leaves numbered)."""
+    outs: list = []
+
+    def walk(x: Any) -> Any:
+        t = type(x)
+        if t is tuple or t is list:
+            return (t, [walk(y) for y in x])
+        if t is dict:
+            return (dict, [(k, walk(y)) for k, y in x.items()])
+        k = len(outs)
+        if (t is DistTensor or t is np.ndarray) and id(x) in ids and inputs[ids[id(x)]] is x:
+            outs.append(("in", ids[id(x)]))
+        elif t is DistTensor:
+            slot = rec.known(x._local)
+            if slot is None:
+                rec.refuse("a result whose making was not recorded")
+            elif x.requires_grad:
+                rec.refuse("a result that requires a gradient")
+            memos = []
+            if x._moved:
+                for dst in list(x._moved):
+                    m = remembered(x, dst)
+                    if m is not None and rec.known(m) is not None:
+                        memos.append((dst, rec.known(m)))
+            outs.append(("new", slot, x._spec, tuple(memos)))
+        elif t is np.ndarray:
+            rec.refuse("a numpy array result (return DistTensors)")
+            outs.append(("value", x))
+        elif isinstance(x, _SCALAR_TYPES):
+            outs.append(("value", x))
+        else:
+            rec.refuse(f"a result of type {t.__name__}")
+            outs.append(("value", x))
+        return ("leaf", k)
+
+    tree = walk(result)
+    return outs, tree
+
+
+class _State:
+    """A compiled function's recordings and programs on one world (a simulated rank's own)."""
+
+    __slots__ = ("world", "programs", "last", "tries")
+
+    def __init__(self, world: Any) -> None:
+        self.world = world
+        self.programs: dict[Any, list[_Program]] = {}  # per key, the latest first
+        self.last: dict[Any, _Program] = {}  # per key, the latest recording
+        self.tries: dict[Any, int] = {}  # per key, its recordings
+
+
+class Compiled:
+    """A step function compiled by ``dt.compile``: call it as the function itself."""
+
+    def __init__(self, fn: Callable[..., Any], warn: bool = True) -> None:
+        self.fn = fn
+        self.warn = warn
+        self.why: str | None = None  # why the latest recording could not become a program
+        self.calls = self.replays = self.recordings = 0
+        self._states: dict[int, _State] = {}
+        # (world, keyword names, the latest replayed program's run on a flat call's arguments)
+        self._fast: tuple | None = None
+        self.__wrapped__ = fn
+        self.__doc__ = getattr(fn, "__doc__", None)
+        self.__name__ = getattr(fn, "__name__", "step")
+
+    def __repr__(self) -> str:
+        n = sum(len(s.programs) for s in self._states.values())
+        why = f"; not compiled: {self.why}" if self.why else ""
+        return (
+            f"<dt.compile({self.__name__}): {self.calls} calls, {self.replays} replayed, "
+            f"{n} program(s){why}>"
+        )
+
+    @property
+    def source(self) -> str:
+        """The code of this rank's latest program ("" if none): what a replay runs."""
+        state = self._states.get(id(_comm._ctx.world or _comm.world()))
+        for programs in reversed(list(state.programs.values()) if state else []):
+            return programs[0].source
+        return ""
+
+    def _state(self) -> _State:
+        world = _comm._ctx.world or _comm.world()
+        state = self._states.get(id(world))
+        if state is None or state.world is not world:
+            if len(self._states) >= 16:  # simulated worlds come and go
+                del self._states[next(iter(self._states))]
+            state = self._states[id(world)] = _State(world)
+        return state
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        fast = self._fast
+        if fast is not None and fast[0] is (_comm._ctx.world or _comm._mpi_world):
+            if (tuple(kwargs) if kwargs else ()) == fast[1] and not _explain.active:
+                out = fast[2]([*args, *kwargs.values()] if kwargs else list(args))
+                if out is not None:
+                    self.replays += 1
+                    return out
+        if _explain.active:  # dt.explain sees every op
+            return self.fn(*args, **kwargs)
+        leaves: list = []
+        ids: dict = {}
+        key = _flatten((args, kwargs), leaves, ids)
+        if key is None:
+            self._refuse("an argument that is not a tensor, array, Python value or container")
+            return self.fn(*args, **kwargs)
+        state = self._state()
+        programs = state.programs.get(key)
+        if programs:
+            for p in programs:
+                out = p.run(leaves)
+                if out is not None:
+                    self.replays += 1
+                    if p.flat is not None:  # the next call like this one takes it first
+                        self._fast = (state.world, tuple(kwargs), p.flat)
+                    return out
+        if state.tries.get(key, 0) >= MAX_TRIES:
+            return self.fn(*args, **kwargs)
+        return self._record(state, key, leaves, ids, args, kwargs)
+
+    def _refuse(self, why: str) -> None:
+        if self.why != why and self.warn:
+            warnings.warn(
+                f"dt.compile({self.__name__}): runs eagerly, not replayed: {why}",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+        self.why = why
+
+    def _record(self, state: _State, key: Any, leaves: list, ids: dict, args, kwargs) -> Any:
+        self.recordings += 1
+        state.tries[key] = state.tries.get(key, 0) + 1
+        rec = Recorder()
+        bound: list = []
+        for i, x in enumerate(leaves):
+            if ids[id(x)] != i:
+                continue
+            if type(x) is DistTensor:
+                if rec.known(x._local) is None:
+                    rec.slot(x._local)
+                    bound.append(("local", i))
+                if x._moved:
+                    for dst in list(x._moved):
+                        m = remembered(x, dst)
+                        if m is not None and rec.known(m) is None:
+                            rec.slot(m)
+                            bound.append(("memo", i, dst))
+            elif rec.known(x) is None:
+                rec.slot(x)
+                bound.append(("array", i))
+        before = [(x, x._local, x._spec) for x in leaves if type(x) is DistTensor]
+        _forget_pending()  # riders are the step's own (Note [Compiled steps])
+        observer = _start(rec)
+        try:
+            result = self.fn(*args, **kwargs)
+        finally:
+            _stop(observer)
+        _forget_pending()
+        for x, local, spec in before:
+            if x._local is not local or x._spec is not spec:
+                rec.refuse("an input's array or layout was replaced")
+        outs, tree = _outputs(result, leaves, ids, rec)
+        if rec.why is not None:
+            self._refuse(rec.why)
+            state.tries[key] = MAX_TRIES  # the step itself does what no replay repeats
+            return result
+        program = _Program(rec, _bind(rec, bound), outs, tree)
+        last = state.last.get(key)
+        state.last[key] = program
+        if last is not None and last.same(program):
+            program.run = program.build(leaves, state.world)
+            if all(type(v) in _FLAT for v in (*args, *kwargs.values())):
+                program.flat = program.build(leaves, state.world, [*args, *kwargs.values()])
+            programs = state.programs.setdefault(key, [])
+            programs.insert(0, program)
+            del programs[2:]  # the inputs' remembered moves differ at most at the start
+            if len(state.programs) > MAX_PROGRAMS:
+                del state.programs[next(iter(state.programs))]
+            self.why = None
+        elif state.tries[key] >= MAX_TRIES:
+            self._refuse("no two recordings in a row agree (a value changes every call)")
+        return result
+
+
+def _bind(rec: Recorder, bound: list) -> list:
+    """Per slot how a replay binds it: the inputs' (``bound``), then the constants, and
+    "made" for the slots an event makes."""
+    made = set()
+    for e in rec.events:
+        if e[0] != "write":
+            made.update(e[4])
+    out = list(bound)
+    for i in range(len(bound), len(rec.arrays)):
+        out.append(("made",) if i in made else ("const", rec.arrays[i]))
+    return out
+
+
+def compile(fn: Callable[..., Any] | None = None, *, warn: bool = True) -> Any:
+    """``fn`` recorded while it runs and replayed as its array computations once two calls in
+    a row record the same (Note [Compiled steps]); a decorator too (``@dt.compile``).
+
+    The replay makes the same kernel calls and collectives as the eager step and gives the
+    same values, without dispatch's work around each op. Arguments: DistTensors, numpy
+    arrays, Python values, and tuples, lists and dicts of them; results the same. Python
+    values and arrays read from outside the arguments are constants of the recording (pass
+    what changes as an argument). A step whose Python reads tensor data (``float(x)``,
+    ``print``), records a gradient, falls back to Replicate or runs on device shards stays
+    eager, with a RuntimeWarning (``warn=False``: none) and the reason in ``.why``."""
+    if fn is None:
+        return lambda f: Compiled(f, warn=warn)
+    return Compiled(fn, warn=warn)
