@@ -91,6 +91,12 @@ SECTIONS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ),
     ("Resharding", "Moving a tensor to other placements or another mesh.", ("reshard",)),
     (
+        "Compiled steps",
+        "A loop's step recorded once and replayed without dispatch's work around each op "
+        "([performance](performance.md)).",
+        ("compile",),
+    ),
+    (
         "Autograd",
         "Recording ops for ``backward()`` ([ops](ops.md) says which ops have a gradient).",
         ("no_grad", "enable_grad", "is_grad_enabled"),

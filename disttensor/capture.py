@@ -18,7 +18,7 @@ from .comm import base as _comm_base
 from .explain import HOOKS as _explain
 from .recording import Name, Recorder, Slot
 from .spec import DistSpec, contiguous
-from .tensor import DistTensor, _forget_pending, _remember, code_of, remembered
+from .tensor import DistTensor, _forget_pending, _packed, _remember, code_of, remembered
 
 # Note [Compiled steps]
 #     An iterative program's step (a conjugate gradient iteration, an optimizer update) makes
@@ -190,6 +190,8 @@ class _Program:
             "_asarray": np.asarray,
             "_reduced": _all_reduce_unchecked,
             "_gathered": _all_gather_unchecked,
+            "_checked": _checked,
+            "_bare": _bare,
         }
         consts: dict[int, str] = {}
 
@@ -257,6 +259,14 @@ class _Program:
                 if raw is not None:
                     lines.append(f"    s{outs[0]} = {raw[0]}({expr(args[0])}, {const(raw[1])})")
                     continue
+            if kind == "many" and fn is _packed and not kwargs:  # riders: tensor._packed
+                raw = _unchecked((None, *args[2:]), world, checked)
+                if raw is not None and raw[0] != "_checked":
+                    mover = const(_Mover(ns[raw[0]], raw[1]))
+                    call.append(f"run={mover}")
+                text = f"{const(fn)}({', '.join(call)})"
+                lines.append(f"    {', '.join(f's{o}' for o in outs)}, = {text}")
+                continue
             text = f"{const(fn)}({', '.join(call)})"
             if kind == "one":
                 lines.append(f"    s{outs[0]} = {text}")
@@ -347,7 +357,7 @@ def _unchecked(args: tuple, world: Any, checked: set) -> tuple | None:
     replaces it: a one-step all-reduce or gather of a vector on a group whose first move of
     this replay was checked (Note [Compiled steps]); None: the move as recorded (and the
     group's first, ``checked`` notes it). The same on every rank: it depends on the specs."""
-    _, spec, dst, how, _ = args
+    _, spec, _dst, how, _ = args
     if how is None or how.cross or agree.DEBUG or not isinstance(spec, DistSpec):
         return None
     hit = how.bind(world, spec)
@@ -357,12 +367,57 @@ def _unchecked(args: tuple, world: Any, checked: set) -> tuple | None:
     group = (spec.mesh, step.mesh_dim)
     if group not in checked:
         checked.add(group)
+        direct = how.direct  # Note [Planned moves] in reshard.py
+        if direct and direct[0] is world and agree.CHECK:  # its fingerprint worked out once
+            plan, item, lin = direct[1], direct[2], args[4].v
+            return "_checked", (plan, plan.fingerprint(item, lin), item, lin, args[1:])
         return None
+    make = getattr(dim.comm, "unchecked", None)  # MPI's: the bare call
     if fn is _reshard._all_reduce:
+        raw = make and make("all_reduce", before.dtype, step.src.reduce_type)
+        if raw:
+            return "_bare", raw
         return "_reduced", (dim, step.src.reduce_type)
     if fn is _reshard._all_gather and dim.memo is not None and len(dim.memo[1]) == 1:
+        raw = make and make("all_gather", before.dtype, dim.memo[3])
+        if raw:
+            return "_bare", raw
         return "_gathered", (dim, dim.memo[1], before.dtype, dim.memo[3])
     return None
+
+
+def _bare(local: Any, call: Callable[[Any], Any]) -> Any:
+    """An unchecked MPI call (``MPIComm.unchecked``) of a contiguous host array."""
+    if type(local) is not np.ndarray or not local.flags.c_contiguous:
+        local = contiguous(local)
+    return call(local)
+
+
+class _Mover:
+    """An unchecked collective in ``reshard.execute``'s place (``tensor._packed``'s ``run``)."""
+
+    __slots__ = ("fn", "c")
+
+    def __init__(self, fn: Callable[[Any, tuple], Any], c: tuple) -> None:
+        self.fn, self.c = fn, c
+
+    def __call__(self, local: Any, *_: Any) -> Any:
+        return self.fn(local, self.c)
+
+
+def _checked(local: Any, c: tuple) -> Any:
+    """A group's first planned move of a replay (``reshard.execute``'s planned call with its
+    fingerprint worked out when the program was built); another local array than the plan's
+    takes ``execute`` (the two agree: Note [Planned moves])."""
+    plan = c[0]
+    if (
+        type(local) is np.ndarray
+        and local.flags.c_contiguous
+        and local.shape == plan.shape
+        and local.dtype == plan.dtype
+    ):
+        return plan.carry(local, None, c[1], None, c[2], c[3])
+    return _reshard.execute(local, *c[4])
 
 
 def _all_reduce_unchecked(local: Any, c: tuple) -> Any:
@@ -370,9 +425,6 @@ def _all_reduce_unchecked(local: Any, c: tuple) -> Any:
     comm = c[0].comm
     if type(local) is not np.ndarray or not local.flags.c_contiguous:
         local = contiguous(local)
-    unchecked = getattr(comm, "_unchecked_sum", None)  # MPI's: the MPI call alone, counted
-    if unchecked is not None and type(local) is np.ndarray:
-        return unchecked(local, None, c[1])
     out = np.empty_like(local)
     _comm_base.record("all_reduce", local.nbytes)
     comm._allreduce(local, out, c[1])
@@ -405,6 +457,7 @@ def _copy_of(t: DistTensor) -> Any:
 def _outputs(result: Any, inputs: list, ids: dict, rec: Recorder) -> tuple[list, Any]:
     """(per output leaf its binding, the result's structure with leaves numbered)."""
     outs: list = []
+    made: dict[int, int] = {}  # a new tensor returned twice: one tensor in the replay too
 
     def walk(x: Any) -> Any:
         t = type(x)
@@ -412,6 +465,8 @@ def _outputs(result: Any, inputs: list, ids: dict, rec: Recorder) -> tuple[list,
             return (t, [walk(y) for y in x])
         if t is dict:
             return (dict, [(k, walk(y)) for k, y in x.items()])
+        if t is DistTensor and id(x) in made:
+            return ("leaf", made[id(x)])
         k = len(outs)
         if (t is DistTensor or t is np.ndarray) and id(x) in ids and inputs[ids[id(x)]] is x:
             outs.append(("in", ids[id(x)]))
@@ -428,6 +483,7 @@ def _outputs(result: Any, inputs: list, ids: dict, rec: Recorder) -> tuple[list,
                     if m is not None and rec.known(m) is not None:
                         memos.append((dst, rec.known(m)))
             outs.append(("new", slot, x._spec, tuple(memos)))
+            made[id(x)] = k
         elif t is np.ndarray:
             rec.refuse("a numpy array result (return DistTensors)")
             outs.append(("value", x))
@@ -507,7 +563,7 @@ class Compiled:
             return self.fn(*args, **kwargs)
         leaves: list = []
         ids: dict = {}
-        key = _flatten((args, kwargs), leaves, ids)
+        key = _flatten((args, kwargs, autograd._state.enabled), leaves, ids)
         if key is None:
             self._refuse("an argument that is not a tensor, array, Python value or container")
             return self.fn(*args, **kwargs)
@@ -543,16 +599,22 @@ class Compiled:
             if ids[id(x)] != i:
                 continue
             if type(x) is DistTensor:
-                if rec.known(x._local) is None:
-                    rec.slot(x._local)
-                    bound.append(("local", i))
+                if rec.known(x._local) is not None:  # a replay would bind the other's
+                    rec.refuse("two arguments that hold one array")
+                rec.slot(x._local)
+                bound.append(("local", i))
                 if x._moved:
                     for dst in list(x._moved):
                         m = remembered(x, dst)
-                        if m is not None and rec.known(m) is None:
-                            rec.slot(m)
-                            bound.append(("memo", i, dst))
-            elif rec.known(x) is None:
+                        if m is None or m is x._local:  # a move that kept the array
+                            continue
+                        if rec.known(m) is not None:
+                            rec.refuse("two arguments that hold one array")
+                        rec.slot(m)
+                        bound.append(("memo", i, dst))
+            else:
+                if rec.known(x) is not None:
+                    rec.refuse("two arguments that hold one array")
                 rec.slot(x)
                 bound.append(("array", i))
         before = [(x, x._local, x._spec) for x in leaves if type(x) is DistTensor]

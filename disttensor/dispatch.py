@@ -1214,6 +1214,8 @@ def fallback(
     Note [Communication outside rules]. On device tensors the device's function of the same
     name runs (or ``on_device``, a function of the caller's that takes device arrays), or
     numpy's on host copies: Note [The replicate fallback on a device]."""
+    if (rec := _recording_on.rec) is not None:  # Note [Compiled steps] in capture.py
+        rec.refuse(f"{name!r} has no rule (the replicate fallback)")
     found: list[DistTensor] = []
 
     def collect(a) -> None:

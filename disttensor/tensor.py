@@ -1693,14 +1693,15 @@ def _together(x: DistTensor, dst: DistSpec, items: list) -> Any:
     return outs[0]
 
 
-def _packed(local: Any, others: tuple, flat: DistSpec, whole: DistSpec, how: Any, lin: int):
+def _packed(local, others: tuple, flat: DistSpec, whole: DistSpec, how, lin: int, run=None):
     """``local`` and the arrays ``others`` reduced in one move of their concatenation from
     ``flat`` to ``whole`` (``how``; ``lin``: the lineage it is named by), each back in its
-    shape: Note [Small reductions ride together]."""
+    shape: Note [Small reductions ride together]. ``run``: what moves (``reshard.execute``;
+    a compiled step's replay gives its own, capture.py)."""
     parts = [local.reshape(-1)]
     for a in others:
         parts.append(a.reshape(-1))
-    out = _reshard.execute(_reshard._xp(local).concatenate(parts), flat, whole, how, lin)
+    out = (run or _reshard.execute)(_reshard._xp(local).concatenate(parts), flat, whole, how, lin)
     res = [out[: local.size].reshape(local.shape)]
     off = local.size
     for a in others:

@@ -6,8 +6,9 @@ They are the tests of the MPI backend itself: the SPMD cases on 1 to 4 ranks (ev
 and the NaN-correct MAX/MIN user ops), the abort hook, the watchdog and the agreement check
 (tests/test_mpi.py, tests/test_faults.py, tests/test_harness.py, tests/test_agree.py: calls that
 differ in one field, on the check's own MPI channel), non-blocking all-reduce
-progress overlapped with backward (tests/test_parallel.py) and checkpoints written and read by
-separate processes (tests/test_checkpoint.py). The other mpiexec tests (demos, benchmarks, the
+progress overlapped with backward (tests/test_parallel.py), checkpoints written and read by
+separate processes (tests/test_checkpoint.py) and compiled steps, whose replays make the bare
+MPI calls and must still catch ranks that diverge (tests/test_compile.py). The other mpiexec tests (demos, benchmarks, the
 numpy programs) run the same backend calls for numerics those cases already cover, and would
 double the Open MPI pass.
 """
@@ -23,6 +24,7 @@ MPI_IMPL_FILES = {
     "test_agree.py",
     "test_parallel.py",
     "test_checkpoint.py",
+    "test_compile.py",
 }
 
 

@@ -486,6 +486,17 @@ class Planned:
             if lin is None and stack:  # as the general path: an enclosing move's
                 lin = stack.lin
             fp = _folded(self.folds, self.fp, stack, item, lin)
+        return self.carry(send, recv, fp, stack, item, lin)
+
+    def fingerprint(self, item: Any, lin: Any) -> int:
+        """The fingerprint of this plan's move named ``item`` of a tensor of lineage ``lin``
+        with nothing on the stack: a compiled step's replay works it out once (capture.py)."""
+        return _folded(self.folds, self.fp, None, item, lin)
+
+    def carry(self, send, recv, fp: int, stack: Any = None, item: Any = None, lin: Any = None):
+        """The collective with fingerprint ``fp``, of a ``send`` array it was planned for
+        (contiguous, its dtype and shape); ``stack``, ``item``, ``lin``: what names the call
+        if the ranks diverge (``__call__``)."""
         c, e, nbytes = self.comm, self.e, self.nbytes
         c._seq += 1
         obs = _observers.fns
@@ -835,6 +846,52 @@ class MPIComm(Communicator):
             e.reduction(self, send, arg) if kind == "all_reduce" else e.gathering(self, send, arg)
         )
         return plan or False
+
+    def unchecked(self, kind: str, dtype: np.dtype, arg: Any) -> Any:
+        """The MPI call alone, with no agreement check, for a compiled step's replay whose
+        ranks agreed at its first call on this group (Note [Compiled steps] in capture.py):
+        ``f(send)`` -> a new array, counted and watched like every call; ``kind``
+        "all_reduce" (``arg``: the op; a sum of a dtype MPI adds as numpy does, as
+        ``_unchecked_sum``) or "all_gather" (``arg``: every rank's element counts; a vector's
+        parts, concatenated). None for any other call: the caller takes the general one."""
+        if self.size == 1 or dtype.char in "?ebBhH":
+            return None
+        MPI = _mpi()
+        mpi, ranks = self.comm, self.ranks
+        if kind == "all_reduce":
+            if arg != "sum":
+                return None
+            op, empty_like = MPI.SUM, np.empty_like
+
+            def reduce(send: np.ndarray) -> np.ndarray:
+                recv = empty_like(send)
+                if _observers.fns:
+                    record("all_reduce", send.nbytes)
+                key = _WATCH_ENTER("all_reduce", ranks)
+                try:
+                    mpi.Allreduce(send, recv, op)
+                finally:
+                    _WATCH_EXIT(key)
+                return recv
+
+            return reduce
+        counts = tuple(arg)
+        full, empty, isz = (sum(counts),), np.empty, dtype.itemsize
+        b = [c * isz for c in counts]
+        spec = (b, displacements(b), MPI.BYTE)
+
+        def gather(send: np.ndarray) -> np.ndarray:
+            recv = empty(full, dtype)
+            if _observers.fns:
+                record("all_gather", send.nbytes)
+            key = _WATCH_ENTER("all_gather", ranks)
+            try:
+                mpi.Allgatherv(_bytes(send), [_bytes(recv), *spec])
+            finally:
+                _WATCH_EXIT(key)
+            return recv
+
+        return gather
 
     def _check_fp(self, fp, kind, call=None):
         """The bare check in the envelope (a device communicator's, comm/nccl.py)."""

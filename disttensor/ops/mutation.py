@@ -262,13 +262,11 @@ def write_region(target: DistTensor, ckey: tuple, value: Any) -> None:
             else:  # Note [Compiled steps] in capture.py
                 recording.write(_copy_part, tl, (tl, mine[0], vl, fetch[4]))
             return
-        piece = _reshard.deliver(value._local, vspec, fetch)
-        if mine is None:
-            return
-        if piece is None:  # a Partial(sum) target off coordinate 0
-            target._local[mine[0]] = 0
-        else:
-            target._local[mine[0]] = piece
+        tl = target._local
+        if _recording.rec is None:
+            _write_fetched(tl, mine, value._local, vspec, fetch)
+        else:  # Note [Compiled steps] in capture.py
+            recording.write(_write_fetched, tl, (tl, mine, value._local, vspec, fetch))
         return
     if mine is None:
         return
@@ -286,6 +284,18 @@ def write_region(target: DistTensor, ckey: tuple, value: Any) -> None:
         return
     v = be.xp.broadcast_to(v.reshape(vshape), region)
     target._local[src] = v[tuple(slice(s, s + n) for s, n in reg)]
+
+
+def _write_fetched(dst: Any, mine: Any, local: Any, vspec: Any, fetch: tuple) -> None:
+    """The value's rows this rank's part of the region needs, fetched from the ranks that
+    hold them (``reshard.deliver``, collective) and written at ``mine``."""
+    piece = _reshard.deliver(local, vspec, fetch)
+    if mine is None:
+        return
+    if piece is None:  # a Partial(sum) target off coordinate 0
+        dst[mine[0]] = 0
+    else:
+        dst[mine[0]] = piece
 
 
 def _copy_part(dst: Any, at: tuple, src: Any, part: tuple) -> None:

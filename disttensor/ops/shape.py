@@ -24,10 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from .. import autograd, backend, comm
+from .. import autograd, backend, comm, recording
 from .. import reshard as _reshard
 from ..dispatch import KernelContext, Op, fallback, host_method, keyed, with_xp
 from ..placement import Shard
+from ..recording import on as _recording
 from ..spec import DistSpec
 from ..spmd.shape_rules import (
     broadcast_shape,
@@ -446,6 +447,20 @@ def _picked(spec: DistSpec) -> bool:
 # gradient is the write of g into zeros of x's layout (ops/mutation.py), the same move back.
 # Keys with an int on a split axis, and Partial inputs, keep the getitem rule (which picks
 # into zeros, Partial(sum), or gathers).
+def _slice_local(local, spec: DistSpec, fetch: tuple, index: tuple, coord, shape: tuple):
+    """This rank's local array of a slice of a split axis (``_sliced_split``'s plan)."""
+    own = fetch[4]  # the box's index in the shard where every row it needs is its own
+    if own is not None:  # one copy of them
+        return local[own][index].copy().reshape(shape)
+    piece = _reshard.deliver(local, spec, fetch)
+    if coord is None:
+        return backend.xp(local).empty(shape, spec.dtype)
+    out = piece[index]
+    if out.base is not None:
+        out = backend.xp(out).ascontiguousarray(out)
+    return out.reshape(shape)
+
+
 def _sliced_split(x: DistTensor, ckey: tuple, plans: dict) -> DistTensor | None:
     """``x[ckey]`` moving the rows each rank's slice needs, or None where the getitem rule
     takes the key; ``plans``: per rank, what the key works out on x's spec (its route's)."""
@@ -459,18 +474,10 @@ def _sliced_split(x: DistTensor, ckey: tuple, plans: dict) -> DistTensor | None:
     if plan is _BY_RULE:
         return None
     out_spec, fetch, index, coord, shape = plan
-    own = fetch[4]  # the box's index in the shard where every row it needs is its own
-    if own is not None:  # one copy of them
-        local = x._local[own][index].copy().reshape(shape)
-    else:
-        piece = _reshard.deliver(x._local, spec, fetch)
-        if coord is None:
-            local = backend.xp(x._local).empty(shape, spec.dtype)
-        else:
-            local = piece[index]
-            if local.base is not None:
-                local = backend.xp(local).ascontiguousarray(local)
-            local = local.reshape(shape)
+    if _recording.rec is None:
+        local = _slice_local(x._local, spec, fetch, index, coord, shape)
+    else:  # dt.compile records (Note [Compiled steps] in capture.py)
+        local = recording.run(_slice_local, (x._local, spec, fetch, index, coord, shape))
     out = DistTensor(local, out_spec)
     if x.requires_grad and autograd.is_grad_enabled():
 

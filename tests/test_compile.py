@@ -1,0 +1,445 @@
+"""dt.compile (disttensor/capture.py, Note [Compiled steps]): a step replayed once two calls
+record the same gives the eager step's values and collectives, on meshes (1), (2), (3), (4)
+and (2, 2) with even, uneven and empty shards; a step a replay could get wrong stays eager
+with its reason; ranks that replay different steps raise RanksDiverged. The grid runs on
+simulated ranks and under mpiexec (``main``: ``mpiexec -n N python tests/test_compile.py``)."""
+
+from __future__ import annotations
+
+import inspect
+import re
+import sys
+import warnings
+
+import numpy as np
+import pytest
+from mpirun import run
+
+import disttensor as dt
+from disttensor import capture
+
+S0, S1, R = dt.Shard(0), dt.Shard(1), dt.Replicate()
+STEPS = 8  # the inputs' remembered reductions settle over the first calls
+
+
+# -- the steps: plain numpy ----------------------------------------------------------------------
+def cg_step(A, x, r, p, rs):
+    Ap = A @ p
+    alpha = rs / (p @ Ap)
+    x = x + alpha * p
+    r = r - alpha * Ap
+    rs_new = r @ r
+    p = r + (rs_new / rs) * p
+    return {"x": x, "r": r, "p": p, "rs": rs_new}
+
+
+def power_step(A, v):
+    w = A @ v
+    lam = v @ w
+    return {"v": w / np.linalg.norm(w), "lam": lam}
+
+
+def logistic_step(X, y, w, lr):
+    dw = X.T @ (1.0 / (1.0 + np.exp(-(X @ w))) - y) / X.shape[0]
+    w -= lr * dw  # in place: the input itself is the result
+    return {"w": w}
+
+
+def kmeans_step(X, centroids):
+    k = centroids.shape[0]
+    distances = np.linalg.norm(X[:, None, :] - centroids[None, :, :], axis=2)
+    labels = np.argmin(distances, axis=1)
+    onehot = (labels[:, None] == np.arange(k)[None, :]).astype(X.dtype)
+    counts = onehot.sum(axis=0)
+    sums = onehot.T @ X
+    centroids = np.where(counts[:, None] > 0, sums / np.maximum(counts, 1)[:, None], centroids)
+    return {"centroids": centroids}
+
+
+def stencil_step(u, alpha):
+    u[1:-1, 1:-1] = u[1:-1, 1:-1] + alpha * (
+        u[2:, 1:-1] + u[:-2, 1:-1] + u[1:-1, 2:] + u[1:-1, :-2] - 4 * u[1:-1, 1:-1]
+    )
+    return {"u": u}
+
+
+def writes_step(x, y):
+    x += y
+    x *= 0.5
+    x -= y.mean()
+    return {"x": x, "col": x.sum(axis=0) / x.max()}  # a max: not a sum's all-reduce
+
+
+def mesh2d_step(X, W):
+    Y = X @ W
+    s = (Y * Y).sum()
+    return {"Y": Y / s, "s": s}
+
+
+def _spd(n: int) -> np.ndarray:
+    m = np.random.default_rng(n).standard_normal((n, n))
+    return m @ m.T + n * np.eye(n)
+
+
+def _inputs(name: str, n: int) -> tuple[dict, dict]:
+    """(global values, placements on a 1-D mesh) of case ``name`` of size ``n``."""
+    g = np.random.default_rng(n)
+    if name == "cg":
+        A, b = _spd(n), g.standard_normal(n)
+        return {"A": A, "x": np.zeros(n), "r": b, "p": b.copy(), "rs": b @ b}, {
+            "A": [S0], "x": [S0], "r": [S0], "p": [S0], "rs": [R]
+        }  # fmt: skip
+    if name == "power":
+        return {"A": _spd(n), "v": np.ones(n) / np.sqrt(n)}, {"A": [S0], "v": [R]}
+    if name == "logistic":
+        X = g.standard_normal((n, 3))
+        y = (X @ [1.0, -2.0, 0.5] > 0).astype(float)
+        return {"X": X, "y": y, "w": np.zeros(3), "lr": 0.5}, {"X": [S0], "y": [S0], "w": [R]}
+    if name == "kmeans":
+        X = np.concatenate([g.normal(c, 0.3, (n, 2)) for c in (-2, 0, 2)])
+        return {"X": X, "centroids": X[[0, n, 2 * n]].copy()}, {"X": [S0], "centroids": [R]}
+    if name == "stencil":
+        u = np.zeros((n + 2, 5))
+        u[0] = 1.0
+        return {"u": u, "alpha": 0.2}, {"u": [S0]}
+    if name == "writes":
+        return {"x": g.standard_normal((n, 3)), "y": g.standard_normal((n, 3))}, {
+            "x": [S0], "y": [S0]
+        }  # fmt: skip
+    raise KeyError(name)
+
+
+STEP = {
+    "cg": cg_step, "power": power_step, "logistic": logistic_step, "kmeans": kmeans_step,
+    "stencil": stencil_step, "writes": writes_step, "mesh2d": mesh2d_step,
+}  # fmt: skip
+CASES = ["cg", "power", "logistic", "kmeans", "stencil", "writes"]
+SIZES = (7, 3)  # uneven on 2, 3 and 4 ranks; 3 rows on 4 ranks leave one empty
+
+
+def _place(values: dict, placements: dict, mesh) -> dict:
+    return {
+        k: dt.shard_tensor(v, mesh, placements[k]) if k in placements else v
+        for k, v in values.items()
+    }
+
+
+def _call(step, state: dict) -> dict:
+    """``state`` updated by ``step`` called with the entries its parameters name."""
+    names = inspect.signature(step).parameters
+    return {**state, **step(**{k: v for k, v in state.items() if k in names})}
+
+
+def _run(step, state: dict) -> tuple[dict, list[int]]:
+    """STEPS calls of ``step`` fed back their results: (the gathered state, per step the
+    collectives it made)."""
+    calls = []
+    for _ in range(STEPS):
+        with dt.CommCounter() as cc:
+            state = _call(step, state)
+        calls.append(cc.total)
+    return {k: v.numpy() if isinstance(v, dt.DistTensor) else v for k, v in state.items()}, calls
+
+
+def check_case(name: str, n: int, mesh) -> str:
+    """'' where the compiled step matches the eager one (values, collectives per step) and
+    replayed its steady steps; else what differs (collective)."""
+    if name == "mesh2d":
+        g = np.random.default_rng(n)
+        values = {"X": g.standard_normal((n, 4)), "W": g.standard_normal((4, 6))}
+        placements = {"X": [S0, R], "W": [R, S1]}
+    else:
+        values, placements = _inputs(name, n)
+        placements = {k: p + [R] * (mesh.ndim - 1) for k, p in placements.items()}
+    want, eager_calls = _run(STEP[name], _place(values, placements, mesh))
+    step = dt.compile(STEP[name])
+    got, calls = _run(step, _place(values, placements, mesh))
+    problems = []
+    for k, w in want.items():
+        if not np.allclose(got[k], w, rtol=1e-12, atol=1e-12):
+            problems.append(f"{k} differs by {np.max(np.abs(np.asarray(got[k]) - w))}")
+    if calls[2:] != eager_calls[2:]:
+        problems.append(f"collectives per step {calls} against eager {eager_calls}")
+    if step.replays < 2:
+        problems.append(f"{step.replays} replays of {STEPS} ({step.why})")
+    return "; ".join(problems)
+
+
+def _grid(world: int) -> list[tuple[str, int, object]]:
+    meshes = [dt.ProcessMesh(list(range(world)))]
+    if world == 4:
+        meshes.append(dt.ProcessMesh([[0, 1], [2, 3]]))
+    out = []
+    for mesh in meshes:
+        names = CASES + (["mesh2d"] if mesh.ndim == 2 else [])
+        out += [(name, n, mesh) for name in names for n in SIZES]
+    return out
+
+
+def grid(world: int) -> list[str]:
+    """Every case on every mesh of ``world`` ranks: what failed, named (collective)."""
+    failed = []
+    for name, n, mesh in _grid(world):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)  # a refusal fails the case
+            try:
+                found = check_case(name, n, mesh)
+            except RuntimeWarning as e:
+                found = str(e)
+        if found:
+            failed.append(f"{name} n={n} mesh {mesh.shape}: {found}")
+    return failed
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_compiled_steps_match_eager_simulated(world):
+    """Meshes (1), (2), (3), (4), (2, 2); 7 and 3 rows (uneven, and an empty shard on 4)."""
+    for failed in dt.simulate(world, grid, world, timeout=120):
+        assert failed == [], failed
+
+
+# -- the replay itself -----------------------------------------------------------------------------
+def test_a_replayed_cg_step_makes_the_hand_written_collectives_and_one_check():
+    def body():
+        mesh = dt.ProcessMesh([0, 1])
+        values, placements = _inputs("cg", 8)
+        state = _place(values, placements, mesh)
+        step = dt.compile(cg_step)
+        counts = []
+        for _ in range(8):
+            with dt.CommCounter() as cc:
+                state = _call(step, state)
+            counts.append((cc.total, cc.checks))
+        return counts, step.replays, step.source
+
+    counts, replays, source = dt.simulate(2, body)[0]
+    assert replays >= 3
+    assert counts[-3:] == [(3, 1)] * 3, counts  # the gather checked, the two sums bare
+    assert source.count("_bare(") + source.count("_reduced(") == 2  # simulated: _reduced
+
+
+def test_a_scalar_argument_that_changes_records_again():
+    def body():
+        mesh = dt.ProcessMesh([0, 1])
+        values, placements = _inputs("logistic", 9)
+        a = _place(values, placements, mesh)
+        b = _place(values, placements, mesh)
+        step = dt.compile(logistic_step)
+        for k in range(6):
+            lr = 0.5 if k < 3 else 0.25
+            logistic_step(a["X"], a["y"], a["w"], lr)
+            step(b["X"], b["y"], b["w"], lr)
+        return a["w"].numpy(), b["w"].numpy(), step.recordings
+
+    want, got, recordings = dt.simulate(2, body)[0]
+    np.testing.assert_array_equal(got, want)
+    assert recordings >= 4  # two per value of lr
+
+
+def test_new_inputs_of_other_specs_and_missing_reductions_run_right():
+    """A program that reads ``rs``'s remembered reduction, called with a Partial ``rs`` that
+    was never reduced, runs eagerly (and records again); another size records its own
+    program; every call gives the eager values."""
+
+    def body():
+        mesh = dt.ProcessMesh([0, 1])
+        step = dt.compile(cg_step)
+        ok = []
+        for n in (8, 5, 8):
+            values, placements = _inputs("cg", n)
+            state, ref = (_place(values, placements, mesh) for _ in range(2))
+            for s in (state, ref):
+                s["rs"] = s["r"] @ s["r"]  # Partial, not reduced
+            for _ in range(5):
+                state = _call(step, state)
+                ref = _call(cg_step, ref)
+                ok.append(all(np.allclose(state[k].numpy(), ref[k].numpy()) for k in ref))
+        return ok, step.replays, step.recordings
+
+    ok, replays, recordings = dt.simulate(2, body)[0]
+    assert all(ok), ok
+    assert replays >= 6 and recordings >= 6, (replays, recordings)
+
+
+def test_aliased_inputs_and_results_that_are_inputs():
+    def body():
+        mesh = dt.ProcessMesh([0, 1, 2])
+        step = dt.compile(writes_step)
+        x = dt.shard_tensor(np.arange(15.0).reshape(5, 3), mesh, [S0])
+        y = dt.shard_tensor(np.ones((5, 3)), mesh, [S0])
+        want = np.arange(15.0).reshape(5, 3)
+        for _ in range(4):
+            out = step(x, y)
+            assert out["x"] is x
+            want = (want + 1) * 0.5 - 1
+        np.testing.assert_allclose(x.numpy(), want)
+        z = x.copy()  # the same tensor twice: another key, recorded again
+        out = step(z, z)
+        return out["x"].numpy(), step.replays, (x.numpy() + x.numpy()) * 0.5
+
+    got, replays, want = dt.simulate(3, body)[0]
+    assert replays >= 2
+    np.testing.assert_allclose(got, want - want.mean())
+
+
+# -- what stays eager --------------------------------------------------------------------------------
+def _data_to_python(x):
+    return {"y": x * float(x.sum())}
+
+
+def _prints(x):
+    print(x)
+    return {"y": x + 1}
+
+
+def _gradient(w, x):
+    return {"loss": (w * x).sum()}
+
+
+def _barrier(x):
+    dt.barrier()
+    return {"y": x + 1}
+
+
+def _random_constant(x):
+    return {"y": x + np.random.default_rng().standard_normal(x.shape[1])}
+
+
+def _no_rule(x):
+    return {"y": np.unwrap(x)}  # a function without a rule: the replicate fallback
+
+
+REFUSED = [
+    (_data_to_python, "hands a tensor's data to Python"),
+    (_prints, "print hands a tensor's data to Python"),
+    (_gradient, "a gradient to record"),
+    (_barrier, "outside an op or a move"),
+    (_random_constant, "no two recordings in a row agree"),
+    (_no_rule, "has no rule"),
+]
+
+
+@pytest.mark.parametrize(("fn", "why"), REFUSED, ids=[f.__name__ for f, _ in REFUSED])
+def test_a_step_a_replay_could_get_wrong_stays_eager(fn, why, capsys):
+    def body():
+        mesh = dt.ProcessMesh([0, 1])
+        x = dt.shard_tensor(np.arange(12.0).reshape(4, 3), mesh, [S0])
+        w = dt.shard_tensor(np.ones((4, 3)), mesh, [R], requires_grad=True)
+        step = dt.compile(fn, warn=False)  # warnings are per process, not per simulated rank
+        args = (w, x) if fn is _gradient else (x,)
+        got = [step(*args) for _ in range(8)]
+        want = fn(*args)
+        same = all(
+            np.allclose(g[k].numpy(), want[k].numpy()) for g in got for k in want
+        ) if fn is not _random_constant else True  # fmt: skip
+        return step.replays, step.why, same
+
+    for replays, reason, same in dt.simulate(2, body):
+        assert replays == 0 and same
+        assert why in reason, reason
+
+
+def test_a_refusal_warns_once_with_its_reason():
+    def body():
+        x = dt.shard_tensor(np.arange(4.0), dt.ProcessMesh([0]), [S0])
+        step = dt.compile(_data_to_python)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(4):
+                step(x)
+        return [str(c.message) for c in caught if c.category is RuntimeWarning]
+
+    caught = dt.simulate(1, body)[0]
+    assert len(caught) == 1 and "hands a tensor's data to Python" in caught[0], caught
+
+
+def test_under_explain_a_compiled_step_runs_its_ops():
+    def body():
+        mesh = dt.ProcessMesh([0, 1])
+        values, placements = _inputs("power", 6)
+        state = _place(values, placements, mesh)
+        step = dt.compile(power_step)
+        for _ in range(6):
+            state = _call(step, state)
+        replays = step.replays
+        report = dt.explain(step, state["A"], state["v"])
+        return replays, step.replays, report.counts
+
+    before, after, counts = dt.simulate(2, body)[0]
+    assert before >= 2 and after == before, (before, after)
+    assert counts.get("all_gather") == 1 and counts.get("all_reduce") == 1, counts
+
+
+def test_programs_per_function_are_bounded():
+    def body():
+        mesh = dt.ProcessMesh([0])
+        step = dt.compile(lambda x: {"y": x * 2})
+        for n in range(1, capture.MAX_PROGRAMS + 6):
+            x = dt.shard_tensor(np.ones(n), mesh, [S0])
+            for _ in range(3):
+                step(x)
+        return sum(len(s.programs) for s in step._states.values())
+
+    assert dt.simulate(1, body)[0] == capture.MAX_PROGRAMS
+
+
+# -- ranks that replay different steps ------------------------------------------------------------
+def diverging() -> str:
+    """Both ranks replay ``power_step``, then rank 1 replays a step of the same collectives
+    where rank 0 replays ``power_step`` again: RanksDiverged on both (collective)."""
+    mesh = dt.ProcessMesh([0, 1])
+
+    def other_step(A, v):
+        w = A @ (2 * v)
+        lam = v @ w
+        return {"v": w / np.linalg.norm(w), "lam": lam}
+
+    values, placements = _inputs("power", 6)
+    state = _place(values, placements, mesh)
+    step, other = dt.compile(power_step), dt.compile(other_step)
+    for _ in range(4):
+        state = _call(step, state)
+    for _ in range(4):
+        _call(other, _place(values, placements, mesh))  # replays on both ranks
+    state = _call(step, state)
+    try:
+        _call(step if dt.get_rank() == 0 else other, state)
+    except dt.RanksDiverged:
+        return "RanksDiverged"
+    return "no error"
+
+
+def test_ranks_replaying_different_steps_raise_ranks_diverged():
+    assert dt.simulate(2, diverging, timeout=30) == ["RanksDiverged"] * 2
+
+
+# -- under mpiexec -----------------------------------------------------------------------------
+LINE = re.compile(r"^COMPILE (\S+) (.*)$", re.M)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [2, 4])
+def test_compiled_steps_under_mpiexec(n):
+    code, out = run(n, ["tests/test_compile.py"], timeout=120, env={"DISTTENSOR_TIMEOUT": "20"})
+    assert code == 0, out[-4000:]
+    found = dict(LINE.findall(out))
+    assert found.get("grid") == "OK", out[-4000:]
+    if n == 2:
+        assert found.get("diverged") == "RanksDiverged", out[-4000:]
+
+
+def main() -> None:
+    world = dt.get_world_size()
+    failed = grid(world)
+    verdict = "OK" if not failed else " | ".join(failed)
+    if dt.get_rank() == 0:
+        print(f"COMPILE grid {verdict}", flush=True)
+    if world == 2:
+        found = diverging()
+        if dt.get_rank() == 0:
+            print(f"COMPILE diverged {found}", flush=True)
+    sys.exit(0 if not failed else 1)
+
+
+if __name__ == "__main__":
+    main()
