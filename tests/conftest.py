@@ -8,8 +8,9 @@ and the NaN-correct MAX/MIN user ops), the abort hook, the watchdog and the agre
 differ in one field, on the check's own MPI channel), non-blocking all-reduce
 progress overlapped with backward (tests/test_parallel.py), checkpoints written and read by
 separate processes (tests/test_checkpoint.py) and compiled steps, whose replays make the bare
-MPI calls and must still catch ranks that diverge (tests/test_compile.py). The other mpiexec tests (demos, benchmarks, the
-numpy programs) run the same backend calls for numerics those cases already cover, and would
+MPI calls and must still catch ranks that diverge (tests/test_compile.py). The other mpiexec
+tests (demos, benchmarks, the numpy programs) run the same backend calls for numerics those
+cases already cover, and would
 double the Open MPI pass.
 """
 

@@ -198,7 +198,7 @@ def test_compiled_steps_match_eager_simulated(world):
         assert failed == [], failed
 
 
-# -- the replay itself -----------------------------------------------------------------------------
+# -- the replay itself ---------------------------------------------------------------------------
 def test_a_replayed_cg_step_makes_the_hand_written_collectives_and_one_check():
     def body():
         mesh = dt.ProcessMesh([0, 1])
@@ -282,7 +282,7 @@ def test_aliased_inputs_and_results_that_are_inputs():
     np.testing.assert_allclose(got, want - want.mean())
 
 
-# -- what stays eager --------------------------------------------------------------------------------
+# -- what stays eager ---------------------------------------------------------------------------
 def _data_to_python(x):
     return {"y": x * float(x.sum())}
 
