@@ -16,6 +16,7 @@ from . import reshard as _reshard
 from .comm import agree
 from .comm import base as _comm_base
 from .explain import HOOKS as _explain
+from .ops import mutation
 from .recording import Name, Recorder, Slot
 from .spec import DistSpec, contiguous
 from .tensor import DistTensor, _forget_pending, _packed, _remember, code_of, remembered
@@ -23,32 +24,45 @@ from .tensor import DistTensor, _forget_pending, _packed, _remember, code_of, re
 # Note [Compiled steps]
 #     An iterative program's step (a conjugate gradient iteration, an optimizer update) makes
 #     the same calls every iteration: the same ops on tensors of the same specs, the same
-#     moves. Eagerly each call pays dispatch (keys, decisions, wrapping a DistTensor for every
+#     moves. Eagerly each call pays dispatch (keys, decisions, a DistTensor wrapped for every
 #     intermediate) around a numpy call of a microsecond. ``dt.compile(step)`` runs the step
 #     eagerly while the lower layers report what they compute (recording.py): each op's
-#     kernel on its local arrays, each move of a local array (``reshard.execute``, the riders'
-#     packed reduction, a pick read from its root), each in-place write. Arrays are numbered
-#     slots: the inputs' local arrays and remembered moves, the arrays the program made from
-#     Python values (operands such as ``np.arange(k)``), and each event's results. When two
-#     calls in a row with the same key (the inputs' structure, specs, identities and Python
-#     values) record the same events with the same constants, the recording becomes a
-#     program: straight-line Python that binds the inputs' arrays, calls each event's function
-#     (the very kernels and moves, so the values and the collectives are the eager ones, the
-#     agreement check included) and wraps the outputs, with the remembered moves the eager
-#     step would leave on them (Note [One move per tensor]). Later calls with that key replay
-#     it. A call whose inputs lack a remembered move the program reads, or whose written
-#     input stands for a numpy view (``_copies``), runs eagerly and records again.
-#     A recording is refused, and the step stays eager, when a replay could differ from the
-#     eager run: data reached Python (``float(x)``, ``print``, ``x.numpy()``, ``to_local``),
-#     an array whose making was not reported fed an event or is returned, a write was not
-#     reported, a collective ran outside a reported move, a gradient was recorded, an op fell
-#     back to Replicate, shards live on a device, a rank is outside a mesh, dt.explain is on.
+#     kernel on its local arrays (dispatch's general path: its caches are off while a thread
+#     records, ``dispatch.caches_off``), each move of a local array (``reshard.execute``, the
+#     riders' packed reduction, a pick read from its root, a slice of a split axis), each
+#     in-place write (ops/mutation.py). Arrays are numbered slots: the inputs' local arrays and
+#     remembered moves, the arrays the program made from Python values (operands such as
+#     ``np.arange(k)``), and each event's results.
+#     When two calls in a row with the same key (the inputs' structure, specs, identities and
+#     Python values, and whether autograd records) record the same events with the same
+#     constants, the recording becomes a program: generated straight-line Python that binds
+#     the inputs' arrays, calls each event's function (the very kernels and moves, so the
+#     values are the eager ones) and wraps the results, with the remembered moves the eager
+#     step leaves on them (Note [One move per tensor]), so the next call's program finds them.
+#     Later calls with that key replay it; a call whose inputs lack a remembered move the
+#     program reads, or whose written input stands for a numpy view (``_copies``), runs
+#     eagerly and records again. A call of only tensors, arrays and Python values takes the
+#     latest program first, its key checked by the program itself (``_guards``: specs by
+#     identity, so the results get the inputs' equal specs).
+#     Collectives: on each group, the replay's first move is checked as the eager one is (a
+#     planned move's fingerprint worked out once, carried in the collective's own message,
+#     ``Planned.carry``), so ranks that replay different programs, or replay and run eagerly,
+#     raise RanksDiverged; the group's later one-step all-reduces and vector gathers are the
+#     bare MPI calls (``MPIComm.unchecked``, counted and watched), since every rank that
+#     passed the check runs the same code. The collectives are the eager step's, one check
+#     per group where the eager step checks each.
+#     A recording is refused, and the step stays eager with the reason in ``.why`` (and a
+#     RuntimeWarning), when a replay could differ from the eager run: data reached Python
+#     (``float(x)``, ``print``, ``x.numpy()``, ``to_local``), an array whose making was not
+#     reported fed an event or is returned (a tensor the step reads but does not take as an
+#     argument, one made by a creation function), a write was not reported, a collective ran
+#     outside a reported move, a gradient was recorded, an op fell back to Replicate, shards
+#     live on a device, a rank is outside a mesh, two arguments hold one array; or six
+#     recordings of a key never agreed twice in a row (a value that changes every call).
 #     As with jax.jit, Python values and numpy arrays the step reads from outside its
 #     arguments are constants of the recording; pass what changes as an argument (a changed
 #     Python value or array shape is another key: it records again). Every rank decides
 #     alike: the keys, recordings and refusals are the program's, the same on every rank.
-#     While a thread records, dispatch's caches are off (``dispatch._cache``) so every call
-#     takes the general path, the one that reports.
 MAX_PROGRAMS = 8  # programs kept per compiled function (keys), the oldest dropped
 MAX_TRIES = 6  # recordings of one key that never agree twice in a row: it stays eager
 
@@ -184,7 +198,7 @@ class _Program:
             "_remember": _remember,
             "_DT": DistTensor,
             "_note": autograd.note_mutation,
-            "_copy_of": _copy_of,
+            "_copy_of": mutation._copy_of,  # a written input that stands for a numpy view
             "_W": _WRITE,
             "_ND": np.ndarray,
             "_asarray": np.asarray,
@@ -261,9 +275,8 @@ class _Program:
                     continue
             if kind == "many" and fn is _packed and not kwargs:  # riders: tensor._packed
                 raw = _unchecked((None, *args[2:]), world, checked)
-                if raw is not None and raw[0] != "_checked":
-                    mover = const(_Mover(ns[raw[0]], raw[1]))
-                    call.append(f"run={mover}")
+                if raw is not None:
+                    call.append(f"run={const(_Mover(ns[raw[0]], raw[1]))}")
                 text = f"{const(fn)}({', '.join(call)})"
                 lines.append(f"    {', '.join(f's{o}' for o in outs)}, = {text}")
                 continue
@@ -279,8 +292,10 @@ class _Program:
                     leaf = leaf_of_slot[outs[0]]
                     lines.append(f"    L[{leaf}]._lin = hash((_W, L[{leaf}]._lin))")
         first = next((i for i, t in enumerate(inputs) if type(t) is DistTensor), None)
-        if first is not None:
-            lines.append(f"    b = L[{at[first]}]._lin")
+        if first is not None and any(o[0] == "new" for o in self.outs):
+            # the results' lineage: one hash of the program's and the first input's, then
+            # one number per result (Note [Lineage names the tensor] in tensor.py)
+            lines.append(f"    b = hash(({const(_RESULTS)}, L[{at[first]}]._lin))")
         base = "b" if first is not None else "0"
         results = []
         for k, o in enumerate(self.outs):
@@ -291,7 +306,7 @@ class _Program:
             else:
                 _, slot, spec, memos = o
                 lines.append(f"    o{k} = _DT(s{slot}, {const(canon(spec))})")
-                lines.append(f"    o{k}._lin = hash(({const(_code(k))}, {base}))")
+                lines.append(f"    o{k}._lin = {base} + {k}")
                 for dst, m in memos:
                     lines.append(f"    _remember(o{k}, {const(dst)}, s{m})")
                 results.append(f"o{k}")
@@ -352,12 +367,14 @@ def _literal(tree: Any, results: list, const: Callable[[Any], str]) -> str:
 
 
 def _unchecked(args: tuple, world: Any, checked: set) -> tuple | None:
-    """(the name of the unchecked collective, its constant) that replays a move
-    (``reshard.execute``'s arguments as recorded) without the agreement check, where one
-    replaces it: a one-step all-reduce or gather of a vector on a group whose first move of
-    this replay was checked (Note [Compiled steps]); None: the move as recorded (and the
-    group's first, ``checked`` notes it). The same on every rank: it depends on the specs."""
-    _, spec, _dst, how, _ = args
+    """(the name of a replay's call, its constant) for a move (``reshard.execute``'s
+    arguments as recorded), or None: the move as recorded. A group's first move of the replay
+    is checked: a planned one (Note [Planned moves] in reshard.py) calls its plan with the
+    fingerprint worked out once, in the collective's own message. A later one-step
+    all-reduce, or gather of a vector, on that group (``checked`` holds the groups) makes the
+    bare MPI call (``MPIComm.unchecked``): every rank runs the same code from there (Note
+    [Compiled steps]). The same on every rank: it depends on the specs alone."""
+    _, spec, dst, how, name = args
     if how is None or how.cross or agree.DEBUG or not isinstance(spec, DistSpec):
         return None
     hit = how.bind(world, spec)
@@ -367,10 +384,11 @@ def _unchecked(args: tuple, world: Any, checked: set) -> tuple | None:
     group = (spec.mesh, step.mesh_dim)
     if group not in checked:
         checked.add(group)
-        direct = how.direct  # Note [Planned moves] in reshard.py
-        if direct and direct[0] is world and agree.CHECK:  # its fingerprint worked out once
-            plan, item, lin = direct[1], direct[2], args[4].v
-            return "_checked", (plan, plan.fingerprint(item, lin), item, lin, args[1:])
+        lin = name.v
+        direct = how.direct
+        if direct and direct[0] is world and agree.CHECK:
+            plan, item = direct[1], direct[2]
+            return "_checked", (plan, plan.fingerprint(item, lin), item, lin, (spec, dst, how, lin))
         return None
     make = getattr(dim.comm, "unchecked", None)  # MPI's: the bare call
     if fn is _reshard._all_reduce:
@@ -394,7 +412,7 @@ def _bare(local: Any, call: Callable[[Any], Any]) -> Any:
 
 
 class _Mover:
-    """An unchecked collective in ``reshard.execute``'s place (``tensor._packed``'s ``run``)."""
+    """A replay's call in ``reshard.execute``'s place (``tensor._packed``'s ``run``)."""
 
     __slots__ = ("fn", "c")
 
@@ -441,17 +459,8 @@ def _all_gather_unchecked(local: Any, c: tuple) -> Any:
     return out
 
 
-_WRITE = code_of("written")
-
-
-def _code(k: int) -> int:
-    return hash((code_of("compiled step output"), k))
-
-
-def _copy_of(t: DistTensor) -> Any:
-    from .ops.mutation import _copy_of as copy_of
-
-    return copy_of(t)
+_WRITE = code_of("written")  # as ops/mutation.py's _written
+_RESULTS = code_of("compiled step")  # in its results' lineage
 
 
 def _outputs(result: Any, inputs: list, ids: dict, rec: Recorder) -> tuple[list, Any]:
