@@ -45,7 +45,11 @@ ranks, the median over the iterations after the first is shown with dt's ratio t
 hand-written time, which is reported, not checked). dt's time includes its agreement check
 of each collective (it travels in the collective's own first message, Note [The check rides
 along] in disttensor/comm/agree.py; ``DISTTENSOR_CHECK=0`` turns it off), counted beside the
-collectives. A failed check exits 1 on every rank.
+collectives. Each iterative step also runs under ``dt.compile`` (recorded, then replayed
+without dispatch's work around each op: Note [Compiled steps] in disttensor/capture.py):
+checked to equal numpy's results with the eager step's collectives per iteration, and timed
+as a third version (``comp``), the steps it replayed shown. A failed check exits 1 on every
+rank.
 
 Shifted slices of a split axis are split again by ``numpy.array_split`` over their own
 length, so a stencil step moves just the halo rows when the interior's split boundaries sit
