@@ -270,6 +270,9 @@ class _Program:
                 continue
             if kind == "one" and fn is _reshard.execute and not kwargs:
                 raw = _unchecked(args, world, checked)
+                if raw is not None and raw[0] == "_bare":  # MPIComm.unchecked's call itself
+                    lines.append(f"    s{outs[0]} = {const(raw[1])}({expr(args[0])})")
+                    continue
                 if raw is not None:
                     lines.append(f"    s{outs[0]} = {raw[0]}({expr(args[0])}, {const(raw[1])})")
                     continue
@@ -405,9 +408,7 @@ def _unchecked(args: tuple, world: Any, checked: set) -> tuple | None:
 
 
 def _bare(local: Any, call: Callable[[Any], Any]) -> Any:
-    """An unchecked MPI call (``MPIComm.unchecked``) of a contiguous host array."""
-    if type(local) is not np.ndarray or not local.flags.c_contiguous:
-        local = contiguous(local)
+    """An unchecked MPI call (``MPIComm.unchecked``), where a riders' reduction makes it."""
     return call(local)
 
 

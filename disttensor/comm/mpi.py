@@ -853,7 +853,8 @@ class MPIComm(Communicator):
         ``f(send)`` -> a new array, counted and watched like every call; ``kind``
         "all_reduce" (``arg``: the op; a sum of a dtype MPI adds as numpy does, as
         ``_unchecked_sum``) or "all_gather" (``arg``: every rank's element counts; a vector's
-        parts, concatenated). None for any other call: the caller takes the general one."""
+        parts, concatenated); ``send``: a host array of ``dtype`` (copied where it is not
+        contiguous). None for any other call: the caller takes the general one."""
         if self.size == 1 or dtype.char in "?ebBhH":
             return None
         MPI = _mpi()
@@ -864,6 +865,8 @@ class MPIComm(Communicator):
             op, empty_like = MPI.SUM, np.empty_like
 
             def reduce(send: np.ndarray) -> np.ndarray:
+                if not send.flags.c_contiguous:
+                    send = np.ascontiguousarray(send)
                 recv = empty_like(send)
                 if _observers.fns:
                     record("all_reduce", send.nbytes)
@@ -881,6 +884,8 @@ class MPIComm(Communicator):
         spec = (b, displacements(b), MPI.BYTE)
 
         def gather(send: np.ndarray) -> np.ndarray:
+            if not send.flags.c_contiguous:
+                send = np.ascontiguousarray(send)
             recv = empty(full, dtype)
             if _observers.fns:
                 record("all_gather", send.nbytes)
