@@ -1530,7 +1530,11 @@ def moved(x: DistTensor, dst: DistSpec, chain: tuple | None = None, how: Any = N
                 items.clear()  # a move: what was pending before it no longer rides
             local = x._local
             for step in chain:
-                local = recording.run(_reshard.execute, (local, spec, step, None, x._lin), None, 4)
+                if _recording.rec is None:
+                    local = _reshard.execute(local, spec, step, None, x._lin)
+                else:
+                    args = (local, spec, step, None, x._lin)
+                    local = recording.run(_reshard.execute, args, None, 4)
                 spec = step
             how = _reshard.move(x._spec, dst)
         keep = not how.gathers or how.nbytes <= MEMO_GATHER_BYTES
@@ -1686,14 +1690,19 @@ def _together(x: DistTensor, dst: DistSpec, items: list) -> Any:
         flat = DistSpec(key[0], key[1], (n,), key[2])
         whole = flat.without_partials()
         hit = _FLAT[(id(key), n)] = (flat, whole, _reshard.move(flat, whole))
-    others = tuple(t._local for t in riders)
-    outs = recording.run(_packed, (local, others, *hit, x._lin), None, 5)
-    for t, out in zip(riders, outs[1:]):
-        _remember(t, t._spec.without_partials(), out)
+    others = [t._local for t in riders]
+    if _recording.rec is None:
+        outs = _packed(local, others, hit[0], hit[1], hit[2], x._lin)
+    else:  # dt.compile records (Note [Compiled steps] in capture.py)
+        outs = recording.run(_packed, (local, others, *hit, x._lin), None, 5)
+    i = 0
+    for t in riders:
+        i += 1
+        _remember(t, t._spec.without_partials(), outs[i])
     return outs[0]
 
 
-def _packed(local, others: tuple, flat: DistSpec, whole: DistSpec, how, lin: int, run=None):
+def _packed(local, others: list, flat: DistSpec, whole: DistSpec, how, lin: int, run=None):
     """``local`` and the arrays ``others`` reduced in one move of their concatenation from
     ``flat`` to ``whole`` (``how``; ``lin``: the lineage it is named by), each back in its
     shape: Note [Small reductions ride together]. ``run``: what moves (``reshard.execute``;
@@ -1701,9 +1710,13 @@ def _packed(local, others: tuple, flat: DistSpec, whole: DistSpec, how, lin: int
     parts = [local.reshape(-1)]
     for a in others:
         parts.append(a.reshape(-1))
-    out = (run or _reshard.execute)(_reshard._xp(local).concatenate(parts), flat, whole, how, lin)
-    res = [out[: local.size].reshape(local.shape)]
+    flat_local = _reshard._xp(local).concatenate(parts)
+    if run is None:
+        out = _reshard.execute(flat_local, flat, whole, how, lin)
+    else:
+        out = run(flat_local, flat, whole, how, lin)
     off = local.size
+    res = [out[:off].reshape(local.shape)]
     for a in others:
         res.append(out[off : off + a.size].reshape(a.shape))
         off += a.size
@@ -1795,7 +1808,9 @@ def _from_root(x: DistTensor, dst: DistSpec) -> Any:
         if reads * (math.prod(dst.shape) * dst.dtype.itemsize + READ_BYTES) < nbytes:
             return None
         whole = moved(root, full)
-    return recording.run(_pick, (whole, d[3]))
+    if _recording.rec is None:
+        return _pick(whole, d[3])
+    return recording.run(_pick, (whole, d[3]))  # Note [Compiled steps] in capture.py
 
 
 def _pick(whole: Any, keys: tuple) -> Any:
