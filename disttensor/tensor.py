@@ -1695,9 +1695,7 @@ def _together(x: DistTensor, dst: DistSpec, items: list) -> Any:
         outs = _packed(local, others, hit[0], hit[1], hit[2], x._lin)
     else:  # dt.compile records (Note [Compiled steps] in capture.py)
         outs = recording.run(_packed, (local, others, *hit, x._lin), None, 5)
-    i = 0
-    for t in riders:
-        i += 1
+    for i, t in enumerate(riders, 1):
         _remember(t, t._spec.without_partials(), outs[i])
     return outs[0]
 
