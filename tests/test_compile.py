@@ -13,7 +13,7 @@ import warnings
 
 import numpy as np
 import pytest
-from mpirun import run
+from mpirun import ROOT, run
 
 import disttensor as dt
 from disttensor import capture
@@ -22,45 +22,15 @@ S0, S1, R = dt.Shard(0), dt.Shard(1), dt.Replicate()
 STEPS = 8  # the inputs' remembered reductions settle over the first calls
 
 
-# -- the steps: plain numpy ----------------------------------------------------------------------
-def cg_step(A, x, r, p, rs):
-    Ap = A @ p
-    alpha = rs / (p @ Ap)
-    x = x + alpha * p
-    r = r - alpha * Ap
-    rs_new = r @ r
-    p = r + (rs_new / rs) * p
-    return {"x": x, "r": r, "p": p, "rs": rs_new}
+# -- the steps: plain numpy (the demo's, and two of this file's) ---------------------------------
+sys.path.insert(0, str(ROOT / "demos"))  # the demo's steps, as tests/test_numpy_algorithms.py
+from numpy_algorithms import cg_step, kmeans_step, power_step, stencil_step  # noqa: E402
 
 
-def power_step(A, v):
-    w = A @ v
-    lam = v @ w
-    return {"v": w / np.linalg.norm(w), "lam": lam}
-
-
-def logistic_step(X, y, w, lr):
+def logistic_step(X, y, w, lr):  # the demo's, with the learning rate an argument
     dw = X.T @ (1.0 / (1.0 + np.exp(-(X @ w))) - y) / X.shape[0]
     w -= lr * dw  # in place: the input itself is the result
     return {"w": w}
-
-
-def kmeans_step(X, centroids):
-    k = centroids.shape[0]
-    distances = np.linalg.norm(X[:, None, :] - centroids[None, :, :], axis=2)
-    labels = np.argmin(distances, axis=1)
-    onehot = (labels[:, None] == np.arange(k)[None, :]).astype(X.dtype)
-    counts = onehot.sum(axis=0)
-    sums = onehot.T @ X
-    centroids = np.where(counts[:, None] > 0, sums / np.maximum(counts, 1)[:, None], centroids)
-    return {"centroids": centroids}
-
-
-def stencil_step(u, alpha):
-    u[1:-1, 1:-1] = u[1:-1, 1:-1] + alpha * (
-        u[2:, 1:-1] + u[:-2, 1:-1] + u[1:-1, 2:] + u[1:-1, :-2] - 4 * u[1:-1, 1:-1]
-    )
-    return {"u": u}
 
 
 def writes_step(x, y):
@@ -199,12 +169,15 @@ def test_compiled_steps_match_eager_simulated(world):
 
 
 # -- the replay itself ---------------------------------------------------------------------------
+def _on_two(name: str, n: int, fn):
+    """(case ``name``'s inputs of size ``n`` on the mesh of ranks 0 and 1, ``fn`` compiled)."""
+    values, placements = _inputs(name, n)
+    return _place(values, placements, dt.ProcessMesh([0, 1])), dt.compile(fn)
+
+
 def test_a_replayed_cg_step_makes_the_hand_written_collectives_and_one_check():
     def body():
-        mesh = dt.ProcessMesh([0, 1])
-        values, placements = _inputs("cg", 8)
-        state = _place(values, placements, mesh)
-        step = dt.compile(cg_step)
+        state, step = _on_two("cg", 8, cg_step)
         counts = []
         for _ in range(8):
             with dt.CommCounter() as cc:
@@ -355,10 +328,7 @@ def test_a_refusal_warns_once_with_its_reason():
 
 def test_under_explain_a_compiled_step_runs_its_ops():
     def body():
-        mesh = dt.ProcessMesh([0, 1])
-        values, placements = _inputs("power", 6)
-        state = _place(values, placements, mesh)
-        step = dt.compile(power_step)
+        state, step = _on_two("power", 6, power_step)
         for _ in range(6):
             state = _call(step, state)
         replays = step.replays
@@ -389,10 +359,8 @@ def diverging() -> str:
     where rank 0 replays ``power_step`` again: RanksDiverged on both (collective)."""
     mesh = dt.ProcessMesh([0, 1])
 
-    def other_step(A, v):
-        w = A @ (2 * v)
-        lam = v @ w
-        return {"v": w / np.linalg.norm(w), "lam": lam}
+    def other_step(A, v):  # the same collectives, of another tensor
+        return power_step(A, 2 * v)
 
     values, placements = _inputs("power", 6)
     state = _place(values, placements, mesh)
