@@ -346,12 +346,22 @@ def _guards(flat: list, const: Callable[[Any], str], canon: Callable[[Any], Any]
             )
         else:
             lines.append(f"    if type({a}) is not {const(t)} or {a} != {const(v)}: return None")
-    for k, v in enumerate(flat):  # arrays passed once were not the same object
-        if type(v) in (DistTensor, np.ndarray) and seen[id(v)] == k:
-            for j in range(k):
-                if type(flat[j]) in (DistTensor, np.ndarray) and id(flat[j]) != id(v):
-                    lines.append(f"    if L[{k}] is L[{j}]: return None")
+    # arguments passed once were not one object: checked where the checks above let them be
+    # one (two tensors of one spec, two arrays of one shape, dtype and strides)
+    kinds = {
+        k: (DistTensor, canon(v._spec)) if type(v) is DistTensor else (np.ndarray, _array_key(v))
+        for k, v in enumerate(flat)
+        if type(v) in (DistTensor, np.ndarray) and seen[id(v)] == k
+    }
+    for k in kinds:
+        for j in kinds:
+            if j < k and kinds[j] == kinds[k]:
+                lines.append(f"    if L[{k}] is L[{j}]: return None")
     return lines
+
+
+def _array_key(a: np.ndarray) -> tuple:
+    return (a.shape, a.dtype, a.strides)
 
 
 def _literal(tree: Any, results: list, const: Callable[[Any], str]) -> str:
