@@ -875,9 +875,9 @@ def _general(op: Op, args: tuple, attrs: dict, idkey: Any, entry: _Entry | None)
     # 4. kernel
     if (rec := _recording_on.rec) is not None:  # dt.compile records (Note [Compiled steps])
         if coord is not None:
-            result = _recorded(op, kernel, kargs, tensors, attrs, coord, plan, t)
+            result, extra = _recorded(op, kernel, kargs, tensors, attrs, coord, plan, t)
             return _finish(
-                op, args, attrs, entry, plan, mesh, coord, kargs, result, tensors, pos, t
+                op, args, attrs, entry, plan, mesh, coord, kargs, result, tensors, pos, t, extra
             )
         rec.refuse("a rank outside a tensor's mesh")
     if coord is None:
@@ -918,10 +918,10 @@ class _Kernel:
 _KERNELS: dict[Op, _Kernel] = {}
 
 
-def _recorded(op: Op, kernel, kargs: list, tensors: list, attrs: dict, coord, plan, t) -> Any:
-    """Step 4 while dt.compile records this thread: the kernel run as an event of the
-    recording (Note [Compiled steps] in capture.py), or, where a replay could not repeat
-    it, run as always with the recording refused."""
+def _recorded(op: Op, kernel, kargs: list, tensors: list, attrs: dict, coord, plan, t) -> tuple:
+    """Step 4 while dt.compile records this thread: (the result, what a saving kernel saved)
+    of the kernel run as an event of the recording (Note [Compiled steps] in capture.py),
+    or, where a replay could not repeat it, run as always with the recording refused."""
     rec = _recording_on.rec
     targets, out_placements, out_shapes, _, _ = plan
     why = None
@@ -935,14 +935,14 @@ def _recorded(op: Op, kernel, kargs: list, tensors: list, attrs: dict, coord, pl
         rec.refuse(why)
         ctx = KernelContext(targets, out_placements, coord, out_shapes) if op.ctx else None
         result = kernel(*kargs, ctx=ctx, **attrs) if op.ctx else kernel(*kargs, **attrs)
-        return result[0] if op.saves else result
+        return result if op.saves else (result, None)
     k = _KERNELS.get(op)
     if k is None:
         k = _KERNELS[op] = _Kernel(op)
     kw = attrs
     if op.ctx:
         kw = {**attrs, "ctx": KernelContext(targets, out_placements, coord, out_shapes)}
-    return recording.run(k, tuple(kargs), kw)
+    return recording.run(k, tuple(kargs), kw), None  # nothing records a gradient here
 
 
 def _named(op: Op, tensors: list, entry: _Entry | None) -> doing:

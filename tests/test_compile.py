@@ -326,6 +326,40 @@ def test_a_refusal_warns_once_with_its_reason():
     assert len(caught) == 1 and "hands a tensor's data to Python" in caught[0], caught
 
 
+def _normed(x, g, b):
+    return {"loss": (dt.layer_norm(x, g, b, begin_norm_axis=1) ** 2).sum()}  # a saving kernel
+
+
+def test_a_step_that_records_a_gradient_stays_eager_with_its_gradients():
+    """The recording call itself builds the graph right (a saving kernel's saved values
+    included); without a gradient the same step replays, its kernel's saved values dropped."""
+
+    def body():
+        mesh = dt.ProcessMesh([0, 1])
+        data = np.random.default_rng(0).standard_normal((6, 4))
+        x = dt.shard_tensor(data, mesh, [S0])
+        g = dt.shard_tensor(np.linspace(0.5, 1.5, 4), mesh, [R], requires_grad=True)
+        b = dt.shard_tensor(np.zeros(4), mesh, [R], requires_grad=True)
+        step = dt.compile(_normed, warn=False)
+        grads = []
+        for _ in range(3):
+            step(x, g, b)["loss"].backward()
+            grads.append(g.grad.numpy().copy())
+            g.grad = None
+        _normed(x, g, b)["loss"].backward()
+        want, why = g.grad.numpy(), step.why
+        with dt.no_grad():
+            values = [step(x, g, b)["loss"].numpy() for _ in range(4)]
+            ref = _normed(x, g, b)["loss"].numpy()
+        return grads, want, why, values, ref, step.replays
+
+    grads, want, why, values, ref, replays = dt.simulate(2, body)[0]
+    for got in grads:
+        np.testing.assert_allclose(got, want, rtol=1e-12)
+    assert "a gradient to record" in why
+    assert replays >= 1 and all(np.allclose(v, ref, rtol=1e-12) for v in values)
+
+
 def test_under_explain_a_compiled_step_runs_its_ops():
     def body():
         state, step = _on_two("power", 6, power_step)
