@@ -3,6 +3,7 @@ computations alone (Note [Compiled steps])."""
 
 from __future__ import annotations
 
+import math
 import threading
 import warnings
 from collections.abc import Callable
@@ -165,6 +166,7 @@ class _Program:
 
     def __init__(self, rec: Recorder, bound: list, outs: Any, tree: Any) -> None:
         self.events = rec.events
+        self.shapes = [a.shape for a in rec.arrays]  # each slot's, as recorded
         # per slot how a replay binds it (``_bind``): ("local", leaf), ("memo", leaf, spec),
         # ("array", leaf), ("const", array), ("made",)
         self.bound = bound
@@ -278,6 +280,9 @@ class _Program:
                     continue
             if kind == "many" and fn is _packed and not kwargs:  # riders: tensor._packed
                 raw = _unchecked((None, *args[2:]), world, checked)
+                if raw is not None and raw[0] == "_bare":
+                    lines += self._packed_inline(args, outs, raw[1], const)
+                    continue
                 if raw is not None:
                     call.append(f"run={const(_Mover(ns[raw[0]], raw[1]))}")
                 text = f"{const(fn)}({', '.join(call)})"
@@ -318,6 +323,30 @@ class _Program:
         exec(source, ns)
         self.source = source
         return ns["run"]
+
+
+    def _packed_inline(self, args: tuple, outs: tuple, call: Any, const: Callable) -> list:
+        """``tensor._packed`` written out for a bare all-reduce ``call``: the parts copied
+        into a send buffer the program keeps (the call copies it before it returns), each
+        result a view of the reduced array."""
+        parts = [args[0], *args[1]]
+        flat = args[2]  # the packed spec: its dtype and total size
+        buf = const(np.empty(flat.shape, flat.dtype))
+        lines, at = [], 0
+        views = []
+        for part in parts:
+            shape = self.shapes[part.i]
+            n = math.prod(shape)
+            if shape == ():
+                lines.append(f"    {buf}[{at}] = s{part.i}")
+                views.append(f"_r[{at}, ...]")  # a 0-d view
+            else:
+                lines.append(f"    {buf}[{at}:{at + n}] = s{part.i}.reshape(-1)")
+                views.append(f"_r[{at}:{at + n}].reshape({shape!r})")
+            at += n
+        lines.append(f"    _r = {const(call)}({buf})")
+        lines += [f"    s{o} = {v}" for o, v in zip(outs, views)]
+        return lines
 
 
 def _guards(flat: list, const: Callable[[Any], str], canon: Callable[[Any], Any]) -> list:
