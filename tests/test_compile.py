@@ -389,8 +389,9 @@ def test_programs_per_function_are_bounded():
 
 # -- ranks that replay different steps ------------------------------------------------------------
 def diverging() -> str:
-    """Both ranks replay ``power_step``, then rank 1 replays a step of the same collectives
-    where rank 0 replays ``power_step`` again: RanksDiverged on both (collective)."""
+    """Both ranks replay ``power_step``; then rank 1 replays a step of the same collectives
+    where rank 0 replays ``power_step`` again, and later rank 1 runs ``power_step`` op by op
+    where rank 0 replays it: RanksDiverged on both each time (collective)."""
     mesh = dt.ProcessMesh([0, 1])
 
     def other_step(A, v):  # the same collectives, of another tensor
@@ -403,16 +404,19 @@ def diverging() -> str:
         state = _call(step, state)
     for _ in range(4):
         _call(other, _place(values, placements, mesh))  # replays on both ranks
-    state = _call(step, state)
-    try:
-        _call(step if dt.get_rank() == 0 else other, state)
-    except dt.RanksDiverged:
-        return "RanksDiverged"
-    return "no error"
+    found = []
+    for on_one in (other, power_step):
+        state = _call(step, state)
+        try:
+            _call(step if dt.get_rank() == 0 else on_one, state)
+            found.append("no error")
+        except dt.RanksDiverged:
+            found.append("RanksDiverged")
+    return ",".join(found)
 
 
 def test_ranks_replaying_different_steps_raise_ranks_diverged():
-    assert dt.simulate(2, diverging, timeout=30) == ["RanksDiverged"] * 2
+    assert dt.simulate(2, diverging, timeout=30) == ["RanksDiverged,RanksDiverged"] * 2
 
 
 # -- under mpiexec -----------------------------------------------------------------------------
@@ -427,7 +431,7 @@ def test_compiled_steps_under_mpiexec(n):
     found = dict(LINE.findall(out))
     assert found.get("grid") == "OK", out[-4000:]
     if n == 2:
-        assert found.get("diverged") == "RanksDiverged", out[-4000:]
+        assert found.get("diverged") == "RanksDiverged,RanksDiverged", out[-4000:]
 
 
 def main() -> None:
