@@ -66,6 +66,7 @@ from .tensor import DistTensor, _forget_pending, _packed, _remember, code_of, re
 #     alike: the keys, recordings and refusals are the program's, the same on every rank.
 MAX_PROGRAMS = 8  # programs kept per compiled function (keys), the oldest dropped
 MAX_TRIES = 6  # recordings of one key that never agree twice in a row: it stays eager
+MAX_KEYS = 256  # keys whose recordings are counted and kept, per compiled function and world
 
 
 _lock = threading.Lock()
@@ -323,7 +324,6 @@ class _Program:
         exec(source, ns)
         self.source = source
         return ns["run"]
-
 
     def _packed_inline(self, args: tuple, outs: tuple, call: Any, const: Callable) -> list:
         """``tensor._packed`` written out for a bare all-reduce ``call``: the parts copied
@@ -641,6 +641,9 @@ class Compiled:
 
     def _record(self, state: _State, key: Any, leaves: list, ids: dict, args, kwargs) -> Any:
         self.recordings += 1
+        if len(state.tries) >= MAX_KEYS and key not in state.tries:  # shapes that keep changing
+            state.tries.clear()
+            state.last.clear()
         state.tries[key] = state.tries.get(key, 0) + 1
         rec = Recorder()
         bound: list = []

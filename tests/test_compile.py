@@ -387,6 +387,21 @@ def test_programs_per_function_are_bounded():
     assert dt.simulate(1, body)[0] == capture.MAX_PROGRAMS
 
 
+def test_recordings_kept_per_function_are_bounded(monkeypatch):
+    monkeypatch.setattr(capture, "MAX_KEYS", 8)
+
+    def body():
+        mesh = dt.ProcessMesh([0])
+        step = dt.compile(lambda x: {"y": x * 2})
+        for n in range(1, 30):  # a new shape every call: recorded once each, never replayed
+            step(dt.shard_tensor(np.ones(n), mesh, [S0]))
+        state = next(iter(step._states.values()))
+        return len(state.last), len(state.tries), step.replays
+
+    last, tries, replays = dt.simulate(1, body)[0]
+    assert last <= 8 and tries <= 8 and replays == 0
+
+
 # -- ranks that replay different steps ------------------------------------------------------------
 def diverging() -> str:
     """Both ranks replay ``power_step``; then rank 1 replays a step of the same collectives
