@@ -266,10 +266,16 @@ class _Program:
         for kind, fn, args, kwargs, outs in self.events:
             call = [expr(a) for a in args] + [f"{k}={expr(x)}" for k, x in kwargs.items()]
             if kind == "one" and type(fn) is dispatch._Kernel and not fn.saves:
-                # the op's kernel itself, its numpy scalar made an array (dispatch._Kernel)
+                # the op's kernel itself (or the numpy function it is without keyword
+                # arguments: its ``plain``); a 0-d result may be a numpy scalar, made an
+                # array as dispatch._Kernel makes it (a result of other shapes is an array)
                 o = f"s{outs[0]}"
-                lines.append(f"    {o} = {const(fn.kernel)}({', '.join(call)})")
-                lines.append(f"    if type({o}) is not _ND: {o} = _asarray({o})")
+                k = fn.kernel
+                if not kwargs and getattr(k, "plain", None) is not None:
+                    k = k.plain
+                lines.append(f"    {o} = {const(k)}({', '.join(call)})")
+                if self.shapes[outs[0]] == ():
+                    lines.append(f"    if type({o}) is not _ND: {o} = _asarray({o})")
                 continue
             if kind == "one" and fn is _reshard.execute and not kwargs:
                 raw = _unchecked(args, world, checked)

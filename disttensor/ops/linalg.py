@@ -30,6 +30,9 @@ def _matmul(x, y, trans_x=False, trans_y=False, xp=np):
     return xp.matmul(x, y)
 
 
+_matmul.plain = np.matmul  # what it is with no keyword arguments (a compiled step calls it)
+
+
 def _linear(x, w, b, xp=np):
     out = xp.matmul(x, w)
     if b.dtype == out.dtype:  # added in place into matmul's fresh result: one pass, no copy
