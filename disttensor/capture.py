@@ -38,8 +38,10 @@ from .tensor import DistTensor, _forget_pending, _packed, _remember, code_of, re
 #     Python values, and whether autograd records) record the same events with the same
 #     constants, the recording becomes a program: generated straight-line Python that binds
 #     the inputs' arrays, calls each event's function (the very kernels and moves, so the
-#     values are the eager ones) and wraps the results, with the remembered moves the eager
-#     step leaves on them (Note [One move per tensor]), so the next call's program finds them.
+#     values are the eager ones; a kernel called without keyword arguments may name the numpy
+#     function it then is, its ``plain``: matmul's ``np.matmul``) and wraps the results, with
+#     the remembered moves the eager step leaves on them (Note [One move per tensor]), so the
+#     next call's program finds them.
 #     Later calls with that key replay it; a call whose inputs lack a remembered move the
 #     program reads, or whose written input stands for a numpy view (``_copies``), runs
 #     eagerly and records again. A call of only tensors, arrays and Python values takes the
