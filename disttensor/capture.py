@@ -133,8 +133,8 @@ def _flatten(tree: Any, leaves: list, ids: dict) -> Any:
             parts.append((name, k))
         return (dict, *parts)
     if isinstance(tree, _SCALAR_TYPES):
-        if isinstance(tree, float) and tree != tree:
-            return ("nan", t)
+        if isinstance(tree, (float, np.floating)) and tree != tree:
+            return ("nan", t)  # NaN is not equal to itself: keyed by its type
         return ("V", t, tree)
     return None
 
@@ -156,8 +156,8 @@ def _same(a: Any, b: Any) -> bool:
         return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
     if ta is dispatch.KernelContext:
         return (a.inputs, a.outputs, a.coord, a.shapes) == (b.inputs, b.outputs, b.coord, b.shapes)
-    if ta is float and a != a and b != b:
-        return True
+    if isinstance(a, (float, np.floating)) and a != a and b != b:
+        return True  # NaN constants
     try:
         return bool(a == b)
     except Exception:

@@ -234,6 +234,27 @@ def test_new_inputs_of_other_specs_and_missing_reductions_run_right():
     assert replays >= 6 and recordings >= 6, (replays, recordings)
 
 
+def _nan_step(x, fill):
+    return {"y": np.where(x > 5, fill, x), "z": x + np.float64("nan")}
+
+
+def test_nan_arguments_and_constants_replay():
+    """NaN is not equal to itself: a NaN argument keys by its type, a NaN constant agrees."""
+
+    def body():
+        x = dt.shard_tensor(np.arange(8.0), dt.ProcessMesh([0, 1]), [S0])
+        step = dt.compile(_nan_step)
+        got = [step(x, float("nan")) for _ in range(5)]
+        want = _nan_step(x, float("nan"))
+        same = all(
+            np.array_equal(g[k].numpy(), want[k].numpy(), equal_nan=True) for g in got for k in want
+        )
+        return same, step.replays
+
+    same, replays = dt.simulate(2, body)[0]
+    assert same and replays >= 3
+
+
 def test_aliased_inputs_and_results_that_are_inputs():
     def body():
         mesh = dt.ProcessMesh([0, 1, 2])
