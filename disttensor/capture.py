@@ -204,13 +204,12 @@ class _Program:
             "_DT": DistTensor,
             "_note": autograd.note_mutation,
             "_copy_of": mutation._copy_of,  # a written input that stands for a numpy view
-            "_W": _WRITE,
+            "_W": mutation._WRITE,  # a written tensor's new lineage, as mutation._written
             "_ND": np.ndarray,
             "_asarray": np.asarray,
             "_reduced": _all_reduce_unchecked,
             "_gathered": _all_gather_unchecked,
             "_checked": _checked,
-            "_bare": _bare,
         }
         consts: dict[int, str] = {}
 
@@ -454,11 +453,6 @@ def _unchecked(args: tuple, world: Any, checked: set) -> tuple | None:
     return None
 
 
-def _bare(local: Any, call: Callable[[Any], Any]) -> Any:
-    """An unchecked MPI call (``MPIComm.unchecked``), where a riders' reduction makes it."""
-    return call(local)
-
-
 class _Mover:
     """A replay's call in ``reshard.execute``'s place (``tensor._packed``'s ``run``)."""
 
@@ -507,7 +501,6 @@ def _all_gather_unchecked(local: Any, c: tuple) -> Any:
     return out
 
 
-_WRITE = code_of("written")  # as ops/mutation.py's _written
 _RESULTS = code_of("compiled step")  # in its results' lineage
 
 

@@ -874,12 +874,13 @@ def _general(op: Op, args: tuple, attrs: dict, idkey: Any, entry: _Entry | None)
         note_outside_rules(op.name, NO_RULE, 0)
     # 4. kernel
     if (rec := _recording_on.rec) is not None:  # dt.compile records (Note [Compiled steps])
-        if coord is not None:
-            result, extra = _recorded(op, kernel, kargs, tensors, attrs, coord, plan, t)
+        why = _unreplayable(op, coord, out_shapes, t, tensors)
+        if why is None:
+            result = _recorded(op, kargs, attrs, coord, plan)
             return _finish(
-                op, args, attrs, entry, plan, mesh, coord, kargs, result, tensors, pos, t, extra
+                op, args, attrs, entry, plan, mesh, coord, kargs, result, tensors, pos, t
             )
-        rec.refuse("a rank outside a tensor's mesh")
+        rec.refuse(why)  # the kernel runs as always
     if coord is None:
         result = _probe(op, kargs, pos, attrs, targets, out_placements)
     elif op.ctx:
@@ -918,31 +919,32 @@ class _Kernel:
 _KERNELS: dict[Op, _Kernel] = {}
 
 
-def _recorded(op: Op, kernel, kargs: list, tensors: list, attrs: dict, coord, plan, t) -> tuple:
-    """Step 4 while dt.compile records this thread: (the result, what a saving kernel saved)
-    of the kernel run as an event of the recording (Note [Compiled steps] in capture.py),
-    or, where a replay could not repeat it, run as always with the recording refused."""
-    rec = _recording_on.rec
-    targets, out_placements, out_shapes, _, _ = plan
-    why = None
+def _unreplayable(op: Op, coord, out_shapes, t: type, tensors: list) -> str | None:
+    """Why a compiled step's replay could not repeat this call's kernel (a recording is then
+    refused: Note [Compiled steps] in capture.py), or None."""
+    if coord is None:
+        return "a rank outside a tensor's mesh"
     if out_shapes is None:
-        why = f"{op.name!r} has no rule (the replicate fallback)"
-    elif t is not _ND:
-        why = "device shards"
-    elif autograd._state.enabled and any(a.requires_grad for a in tensors):
-        why = "a gradient to record"
-    if why is not None:
-        rec.refuse(why)
-        ctx = KernelContext(targets, out_placements, coord, out_shapes) if op.ctx else None
-        result = kernel(*kargs, ctx=ctx, **attrs) if op.ctx else kernel(*kargs, **attrs)
-        return result if op.saves else (result, None)
+        return f"{op.name!r} has no rule (the replicate fallback)"
+    if t is not _ND:
+        return "device shards"
+    if autograd._state.enabled and any(a.requires_grad for a in tensors):
+        return "a gradient to record"
+    return None
+
+
+def _recorded(op: Op, kargs: list, attrs: dict, coord, plan) -> Any:
+    """Step 4 while dt.compile records this thread, for a call a replay can repeat
+    (``_unreplayable``): the host kernel run as an event of the recording, its result as
+    ``_wrap`` takes it (nothing records a gradient, so a saving kernel's saved values go)."""
+    targets, out_placements, out_shapes, _, _ = plan
     k = _KERNELS.get(op)
     if k is None:
         k = _KERNELS[op] = _Kernel(op)
     kw = attrs
     if op.ctx:
         kw = {**attrs, "ctx": KernelContext(targets, out_placements, coord, out_shapes)}
-    return recording.run(k, tuple(kargs), kw), None  # nothing records a gradient here
+    return recording.run(k, tuple(kargs), kw)
 
 
 def _named(op: Op, tensors: list, entry: _Entry | None) -> doing:

@@ -57,7 +57,6 @@ class Recorder:
         self.slots: dict[int, int] = {}
         self.arrays: list[Any] = []
         self.events: list[tuple] = []
-        self.constants: list[Any] = []  # arrays the program made from Python values
         self.why: str | None = None
         self.depth = 0  # > 0: inside a reported computation, whose parts are not events
         self.declared: Any = None  # the array the next reported write is into
@@ -79,10 +78,9 @@ class Recorder:
 
     def constant(self, a: Any) -> None:
         """``a`` is an array the program made from Python values (``np.arange(k)`` as an
-        operand): a constant of the recording, unless it already is a slot (an input)."""
-        if self.known(a) is None:
-            self.constants.append(a)
-            self.slot(a)
+        operand): a constant of the recording (a slot no event makes), unless it already is a
+        slot (an input)."""
+        self.slot(a)
 
     def refuse(self, why: str) -> None:
         if self.why is None:
@@ -118,13 +116,13 @@ class Recorder:
             slots = tuple(self.slot(o) for o in outs)
         self.events.append((kind, fn, targs, tkw, slots))
 
-    def wrote(self, a: Any) -> bool:
-        """A write into array ``a`` is being noted: whether it was reported (else refused)."""
+    def wrote(self, a: Any) -> None:
+        """A write into array ``a`` is being noted: it must be the one just reported, else
+        the recording is refused."""
         if self.declared is a:
             self.declared = None
-            return True
-        self.refuse("an in-place write of a kind compile does not replay")
-        return False
+        else:
+            self.refuse("an in-place write of a kind compile does not replay")
 
 
 def run(fn: Any, args: tuple, kwargs: dict | None = None, name: int = -1) -> Any:
