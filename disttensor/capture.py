@@ -3,6 +3,7 @@ computations alone (Note [Compiled steps])."""
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import warnings
@@ -45,11 +46,13 @@ from .tensor import DistTensor, _forget_pending, _packed, _remember, code_of, re
 #     Later calls with that key replay it; a call whose inputs lack a remembered move the
 #     program reads, or whose written input stands for a numpy view (``_copies``), runs
 #     eagerly and records again. A call of only tensors, arrays and Python values takes the
-#     latest program first, its key checked by the program itself (``_guards``: specs by
-#     identity, so the results get the inputs' equal specs).
+#     latest program first, its key checked by the program itself (``_guards``: one tuple
+#     comparison per kind of check, specs by identity, so the results get the inputs' equal
+#     specs).
 #     Collectives: on each group, the replay's first move is checked as the eager one is (a
-#     planned move's fingerprint worked out once, carried in the collective's own message,
-#     ``Planned.carry``), so ranks that replay different programs, or replay and run eagerly,
+#     planned move's fingerprint worked out once, carried in the collective's own message:
+#     ``Planned.replay``, ``carry`` with what it reads bound once), so ranks that replay
+#     different programs, or replay and run eagerly,
 #     raise RanksDiverged; the group's later one-step all-reduces and vector gathers are the
 #     bare MPI calls (``MPIComm.unchecked``, counted and watched), since every rank that
 #     passed the check runs the same code. The collectives are the eager step's, one check
@@ -209,7 +212,6 @@ class _Program:
             "_asarray": np.asarray,
             "_reduced": _all_reduce_unchecked,
             "_gathered": _all_gather_unchecked,
-            "_checked": _checked,
         }
         consts: dict[int, str] = {}
 
@@ -243,26 +245,31 @@ class _Program:
             return next((t for t in specs if t == spec), spec)
 
         lines = ["def run(L):"]
-        at = list(range(len(inputs)))  # leaf i is L[at[i]]
+        at = list(range(len(inputs)))  # leaf i is L[at[i]], bound to a{at[i]}
         if flat is not None:
             at = [k for k, v in enumerate(flat) if type(v) is DistTensor or type(v) is np.ndarray]
+        n = len(inputs) if flat is None else len(flat)
+        lines.append(f"    if len(L) != {n}: return None")
+        if n:
+            lines.append(f"    {''.join(f'a{k}, ' for k in range(n))}= L")
+        if flat is not None:
             lines += _guards(flat, const, canon)
         leaf_of_slot: dict[int, int] = {}
         for i, b in enumerate(self.bound):
             kind = b[0]
             if kind == "local":
-                lines.append(f"    s{i} = L[{at[b[1]]}]._local")
+                lines.append(f"    s{i} = a{at[b[1]]}._local")
                 leaf_of_slot[i] = at[b[1]]
             elif kind == "memo":
-                lines.append(f"    s{i} = _remembered(L[{at[b[1]]}], {const(b[2])})")
+                lines.append(f"    s{i} = _remembered(a{at[b[1]]}, {const(b[2])})")
                 lines.append(f"    if s{i} is None: return None")
             elif kind == "array":
-                lines.append(f"    s{i} = L[{at[b[1]]}]")
+                lines.append(f"    s{i} = a{at[b[1]]}")
             elif kind == "const":
                 lines.append(f"    s{i} = {const(b[1])}")
         written = sorted({e[4][0] for e in self.events if e[0] == "write"} & set(leaf_of_slot))
         for s in written:  # a written input that stands for a view writes through: eager
-            lines.append(f"    if _copy_of(L[{leaf_of_slot[s]}]) is not None: return None")
+            lines.append(f"    if _copy_of(a{leaf_of_slot[s]}) is not None: return None")
         checked: set = set()  # the groups whose first collective of the replay is checked
         for kind, fn, args, kwargs, outs in self.events:
             call = [expr(a) for a in args] + [f"{k}={expr(x)}" for k, x in kwargs.items()]
@@ -306,17 +313,17 @@ class _Program:
                 lines.append(f"    _note(s{outs[0]})")
                 if outs[0] in leaf_of_slot:
                     leaf = leaf_of_slot[outs[0]]
-                    lines.append(f"    L[{leaf}]._lin = hash((_W, L[{leaf}]._lin))")
+                    lines.append(f"    a{leaf}._lin = hash((_W, a{leaf}._lin))")
         first = next((i for i, t in enumerate(inputs) if type(t) is DistTensor), None)
         if first is not None and any(o[0] == "new" for o in self.outs):
             # the results' lineage: one hash of the program's and the first input's, then
             # one number per result (Note [Lineage names the tensor] in tensor.py)
-            lines.append(f"    b = hash(({const(_RESULTS)}, L[{at[first]}]._lin))")
+            lines.append(f"    b = hash(({const(_RESULTS)}, a{at[first]}._lin))")
         base = "b" if first is not None else "0"
         results = []
         for k, o in enumerate(self.outs):
             if o[0] == "in":
-                results.append(f"L[{at[o[1]]}]")
+                results.append(f"a{at[o[1]]}")
             elif o[0] == "value":
                 results.append(const(o[1]))
             else:
@@ -357,31 +364,39 @@ class _Program:
 
 
 def _guards(flat: list, const: Callable[[Any], str], canon: Callable[[Any], Any]) -> list:
-    """The lines that check that a call's arguments ``L`` key the program recorded with
-    arguments ``flat`` (``_flatten``'s key, written out: specs by identity, which the
-    program holds)."""
-    lines = [f"    if len(L) != {len(flat)}: return None"]
+    """The lines that check that a call's arguments ``a0``, ``a1``, ... (``L`` unpacked) key
+    the program recorded with arguments ``flat`` (``_flatten``'s key, written out: specs by
+    identity, which the program holds). Each check is one comparison of tuples for all the
+    arguments: a tuple compares its items by identity first, then by ``==``, in C (a line per
+    argument costs twice as much, on the path of every replayed step)."""
     seen: dict[int, int] = {}
+    types, tensors, arrays, values = [], [], [], []
     for k, v in enumerate(flat):
-        a = f"L[{k}]"
-        if id(v) in seen:
-            lines.append(f"    if {a} is not L[{seen[id(v)]}]: return None")
+        if id(v) in seen:  # passed as the same object: the same again
             continue
         seen[id(v)] = k
+        types.append((k, type(v)))
         t = type(v)
-        if t is DistTensor:
-            c = const(canon(v._spec))
-            lines.append(
-                f"    if type({a}) is not _DT or ({a}._spec is not {c} and {a}._spec != {c}) or "
-                f"{a}.requires_grad or type({a}._local) is not _ND: return None"
-            )
-        elif t is np.ndarray:
-            lines.append(
-                f"    if type({a}) is not _ND or {a}.shape != {const(v.shape)} or {a}.dtype != "
-                f"{const(v.dtype)} or {a}.strides != {const(v.strides)}: return None"
-            )
-        else:
-            lines.append(f"    if type({a}) is not {const(t)} or {a} != {const(v)}: return None")
+        (tensors if t is DistTensor else arrays if t is np.ndarray else values).append((k, v))
+    lines = [f"    if {_tuple(f'type(a{k})' for k, _ in types)} != "
+             f"{const(tuple(t for _, t in types))}: return None"]  # fmt: skip
+    lines += [f"    if a{k} is not a{seen[id(v)]}: return None"
+              for k, v in enumerate(flat) if seen[id(v)] != k]  # fmt: skip
+    if tensors:
+        specs = tuple(canon(v._spec) for _, v in tensors)
+        lines.append(f"    if {_tuple(f'a{k}._spec' for k, _ in tensors)} != {const(specs)}: "
+                     "return None")  # fmt: skip
+        grads = " or ".join(f"a{k}.requires_grad" for k, _ in tensors)
+        lines.append(f"    if {grads}: return None")
+        lines.append(f"    if {_tuple(f'type(a{k}._local)' for k, _ in tensors)} != "
+                     f"{const((np.ndarray,) * len(tensors))}: return None")  # fmt: skip
+    for k, v in arrays:
+        lines.append(
+            f"    if a{k}.shape != {const(v.shape)} or a{k}.dtype != {const(v.dtype)} or "
+            f"a{k}.strides != {const(v.strides)}: return None"
+        )
+    for k, v in values:  # compared alone: a NaN is not equal to itself (another key)
+        lines.append(f"    if a{k} != {const(v)}: return None")
     # arguments passed once were not one object: checked where the checks above let them be
     # one (two tensors of one spec, two arrays of one shape, dtype and strides)
     kinds = {
@@ -392,8 +407,13 @@ def _guards(flat: list, const: Callable[[Any], str], canon: Callable[[Any], Any]
     for k in kinds:
         for j in kinds:
             if j < k and kinds[j] == kinds[k]:
-                lines.append(f"    if L[{k}] is L[{j}]: return None")
+                lines.append(f"    if a{k} is a{j}: return None")
     return lines
+
+
+def _tuple(items: Any) -> str:
+    """A tuple display of the expressions ``items``."""
+    return "(" + "".join(f"{x}, " for x in items) + ")"
 
 
 def _array_key(a: np.ndarray) -> tuple:
@@ -437,7 +457,8 @@ def _unchecked(args: tuple, world: Any, checked: set) -> tuple | None:
         direct = how.direct
         if direct and direct[0] is world and agree.CHECK:
             plan, item = direct[1], direct[2]
-            return "_checked", (plan, plan.fingerprint(item, lin), item, lin, (spec, dst, how, lin))
+            general = functools.partial(_general, (spec, dst, how, lin))
+            return "_bare", plan.replay(plan.fingerprint(item, lin), item, lin, general)
         return None
     make = getattr(dim.comm, "unchecked", None)  # MPI's: the bare call
     if fn is _reshard._all_reduce:
@@ -465,19 +486,11 @@ class _Mover:
         return self.fn(local, self.c)
 
 
-def _checked(local: Any, c: tuple) -> Any:
-    """A group's first planned move of a replay (``reshard.execute``'s planned call with its
-    fingerprint worked out when the program was built); another local array than the plan's
-    takes ``execute`` (the two agree: Note [Planned moves])."""
-    plan = c[0]
-    if (
-        type(local) is np.ndarray
-        and local.flags.c_contiguous
-        and local.shape == plan.shape
-        and local.dtype == plan.dtype
-    ):
-        return plan.carry(local, None, c[1], None, c[2], c[3])
-    return _reshard.execute(local, *c[4])
+def _general(c: tuple, local: Any) -> Any:
+    """A group's first planned move of a replay for another local array than the plan's
+    (``Planned.replay``'s ``other``): ``reshard.execute``'s call (the two agree: Note
+    [Planned moves])."""
+    return _reshard.execute(local, *c)
 
 
 def _all_reduce_unchecked(local: Any, c: tuple) -> Any:

@@ -513,22 +513,32 @@ class Planned:
             _WATCH_EXIT(key)
         q, at = e.words, e.at  # two ranks: both headers read as words (MPIComm._exchange)
         if at and q[0] == q[at] == fp and q[1] == q[at + 1] == nbytes:
-            carried = True
-        else:  # a fingerprint differs, or a payload is not host memory
-            carried = c._compare(e.heads.tolist(), fp)
-            if carried is None:
-                self._diverged(stack, item, lin)
+            pair = self.pair
+            if pair is not None and recv is None and not obs:  # the common case, one call
+                out = pair(self.rows[0], self.rows[1])
+                return out if type(out) is _ND else np.asarray(out)  # 0-d: a numpy scalar
+            return self._landed(send, recv, True, obs)
+        # a fingerprint differs, or a payload is not host memory
+        carried = c._compare(e.heads.tolist(), fp)
+        if carried is None:
+            self._diverged(stack, item, lin)
+        return self._landed(send, recv, carried, obs)
+
+    def _landed(self, send, recv, carried: bool, obs: Any):
+        """The collective's result after the envelope's gather (``carry``): from every
+        rank's payload where ``carried``, else by the data call (another rank's buffers are
+        not host memory)."""
+        c, rows = self.comm, self.rows
         if obs:
-            record(self.kind, nbytes)
-        rows = self.rows
+            record(self.kind, self.nbytes)
         if self.kind == "all_reduce":
             pair = self.pair
-            if pair is not None and recv is None and carried:  # the common case, one call
+            if pair is not None and recv is None and carried:
                 out = pair(rows[0], rows[1])
                 return out if type(out) is _ND else np.asarray(out)  # 0-d: a numpy scalar
             if recv is None:
                 recv = np.empty_like(send)
-            if not carried:  # another rank's buffers are not host memory: the data call
+            if not carried:
                 c._allreduce(send, recv, self.arg)
             elif pair is not None and recv.shape == send.shape:
                 pair(rows[0], rows[1], out=recv)
@@ -537,7 +547,7 @@ class Planned:
             return recv
         if recv is None:
             recv = np.empty(self.full, self.dtype)
-        if not carried:  # another rank's buffers are not host memory: the data call
+        if not carried:
             c._allgather(send, recv, self.arg)
             return recv
         out = recv.reshape(-1)
@@ -548,6 +558,53 @@ class Planned:
             for row, (a, b) in zip(rows, bounds):
                 out[a:b] = row
         return recv
+
+    def replay(self, fp: int, item: Any, lin: Any, other: Any) -> Any:
+        """``carry`` for a compiled step's replay (Note [Compiled steps] in capture.py):
+        ``f(send)``, the collective with fingerprint ``fp`` of the move named ``item`` of a
+        tensor of lineage ``lin``, everything it reads bound once; a send array the plan is
+        not for (another shape, dtype or layout) takes ``other(send)``. The result is a new
+        array, as ``carry``'s."""
+        comm, e, kind, nbytes = self.comm, self.e, self.kind, self.nbytes
+        mine, head, gather, specs, q, at = self.mine, e.head, e.gather, e.specs, e.words, e.at
+        ranks, shape, dtype, rows, carry = comm.ranks, self.shape, self.dtype, self.rows, self.carry
+        pair = self.pair if kind == "all_reduce" else None
+        r0, r1 = (rows[0], rows[1]) if pair is not None else (None, None)
+        flat = kind == "all_gather" and self.bounds is None  # equal parts: one copy, new
+        enter, leave, observers, asarray = _WATCH_ENTER, _WATCH_EXIT, _observers, np.asarray
+
+        def run(send: Any) -> Any:
+            if (
+                type(send) is not _ND
+                or send.shape != shape
+                or (send.dtype is not dtype and send.dtype != dtype)
+                or not send.flags.c_contiguous
+            ):
+                return other(send)
+            if observers.fns or not at:  # counted, or not two ranks: the general call
+                return carry(send, None, fp, None, item, lin)
+            comm._seq += 1
+            mine[...] = send
+            head[0] = fp
+            head[1] = nbytes
+            key = enter(kind, ranks)
+            try:
+                gather(*specs)
+            finally:
+                leave(key)
+            if q[0] == q[at] == fp and q[1] == q[at + 1] == nbytes:
+                if pair is not None:
+                    out = pair(r0, r1)
+                    return out if type(out) is _ND else asarray(out)
+                if flat:
+                    return rows.flatten()
+                return self._landed(send, None, True, None)
+            carried = comm._compare(e.heads.tolist(), fp)
+            if carried is None:
+                self._diverged(None, item, lin)
+            return self._landed(send, None, carried, None)
+
+        return run
 
     def _diverged(self, stack: Any, item: Any, lin: Any) -> None:
         """The ranks' calls differ: every rank describes its call (a planned move's with its
