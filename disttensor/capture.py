@@ -21,7 +21,15 @@ from .explain import HOOKS as _explain
 from .ops import mutation
 from .recording import Name, Recorder, Slot
 from .spec import DistSpec, contiguous
-from .tensor import DistTensor, _forget_pending, _packed, _remember, code_of, remembered
+from .tensor import (
+    _LAST_WRITE,
+    DistTensor,
+    _forget_pending,
+    _made,
+    _packed,
+    code_of,
+    remembered,
+)
 
 # Note [Compiled steps]
 #     An iterative program's step (a conjugate gradient iteration, an optimizer update) makes
@@ -203,8 +211,8 @@ class _Program:
         ``run`` first checks that they key this program (``_guards``)."""
         ns: dict[str, Any] = {
             "_remembered": remembered,
-            "_remember": _remember,
-            "_DT": DistTensor,
+            "_made": _made,
+            "_LW": _LAST_WRITE,  # the latest write's number, as _remember reads it
             "_note": autograd.note_mutation,
             "_copy_of": mutation._copy_of,  # a written input that stands for a numpy view
             "_W": mutation._WRITE,  # a written tensor's new lineage, as mutation._written
@@ -328,10 +336,12 @@ class _Program:
                 results.append(const(o[1]))
             else:
                 _, slot, spec, memos = o
-                lines.append(f"    o{k} = _DT(s{slot}, {const(canon(spec))})")
-                lines.append(f"    o{k}._lin = {base} + {k}")
-                for dst, m in memos:
-                    lines.append(f"    _remember(o{k}, {const(dst)}, s{m})")
+                # the result, with the remembered moves _remember would leave on it
+                moved = ", ".join(f"{const(dst)}: (s{slot}, s{m}, _LW[0])" for dst, m in memos)
+                moved = f", {{{moved}}}" if memos else ""
+                lines.append(
+                    f"    o{k} = _made(s{slot}, {const(canon(spec))}, {base} + {k}{moved})"
+                )
                 results.append(f"o{k}")
         lines.append(f"    return {_literal(self.tree, results, const)}")
         source = "\n".join(lines)

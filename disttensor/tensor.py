@@ -1552,6 +1552,23 @@ def _remember(x: DistTensor, dst: DistSpec, local: Any) -> None:
     memo[dst] = (x._local, local, _LAST_WRITE[0])
 
 
+def _made(local: Any, spec: DistSpec, lin: int, moved: dict | None = None) -> DistTensor:
+    """A new DistTensor of ``local`` and ``spec`` (no gradient) of lineage ``lin`` with the
+    remembered moves ``moved`` (``_remember``'s entries): a compiled step's result
+    (capture.py), in one call where ``__init__`` and the stores after it cost twice as much."""
+    t = _new_tensor(DistTensor)
+    t._local = local
+    t._spec = spec
+    t.requires_grad = False
+    t._grad = t._node = t._hooks = t._derived = None
+    t._moved = moved
+    t._lin = lin
+    return t
+
+
+_new_tensor = object.__new__
+
+
 def _drop(items: list, t: Any) -> None:
     """Take tensor ``t`` off a pending list (Note [Small reductions ride together])."""
     k = len(items)
