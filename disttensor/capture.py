@@ -82,6 +82,7 @@ MAX_TRIES = 6  # recordings of one key that never agree twice in a row: it stays
 MAX_KEYS = 256  # keys whose recordings are counted and kept, per compiled function and world
 
 
+_ctx = _comm._ctx  # this thread's world, where dt.simulate runs it
 _lock = threading.Lock()
 _recording = [0]  # threads recording now
 
@@ -626,12 +627,14 @@ class Compiled:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         self.calls += 1
         fast = self._fast
-        if fast is not None and fast[0] is (_comm._ctx.world or _comm._mpi_world):
-            if (tuple(kwargs) if kwargs else ()) == fast[1] and not _explain.active:
-                out = fast[2]([*args, *kwargs.values()] if kwargs else list(args))
-                if out is not None:
-                    self.replays += 1
-                    return out
+        if fast is not None and fast[0] is (_ctx.world or _comm._mpi_world) and not _explain.active:
+            if kwargs:
+                out = fast[2]([*args, *kwargs.values()]) if tuple(kwargs) == fast[1] else None
+            else:
+                out = None if fast[1] else fast[2](list(args))
+            if out is not None:
+                self.replays += 1
+                return out
         if _explain.active:  # dt.explain sees every op
             return self.fn(*args, **kwargs)
         leaves: list = []
