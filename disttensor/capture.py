@@ -4,6 +4,7 @@ computations alone (Note [Compiled steps])."""
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import threading
 import warnings
@@ -635,6 +636,11 @@ class Compiled:
             if out is not None:
                 self.replays += 1
                 return out
+        return self._call(args, kwargs)
+
+    def _call(self, args: tuple, kwargs: dict) -> Any:
+        """A call the latest program did not take (``__call__``): another program of its
+        key, a recording, or the function itself."""
         if _explain.active:  # dt.explain sees every op
             return self.fn(*args, **kwargs)
         leaves: list = []
@@ -743,6 +749,64 @@ def _bind(rec: Recorder, bound: list) -> list:
     return out
 
 
+def _compiled(fn: Callable[..., Any], warn: bool) -> Compiled:
+    """``dt.compile(fn)``: a Compiled, of a class of its own whose ``__call__`` takes
+    ``fn``'s own parameters where they are all positional-or-keyword (``_with_signature``)."""
+    made = _with_signature(fn)
+    if made is None:
+        return Compiled(fn, warn=warn)
+    cls, ns = made
+    me = ns["_dt_me"] = cls(fn, warn=warn)
+    return me
+
+
+def _with_signature(fn: Callable[..., Any]) -> tuple[type, dict] | None:
+    """(a class of Compiled whose ``__call__`` is ``fn``'s parameters, the namespace whose
+    ``_dt_me`` must name its one instance), or None where a parameter is not
+    positional-or-keyword. A call by name then binds as a call by position, into the same
+    key, and the fast path makes no dict of keyword arguments and compares no names (half
+    of its cost); a call that does not bind raises ``fn``'s own TypeError."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if any(
+        p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD or p.name.startswith("_dt_")
+        for p in params
+    ):
+        return None
+    ns: dict[str, Any] = {"_dt_ctx": _ctx, "_dt_comm": _comm, "_dt_explain": _explain}
+    heads = []
+    for k, p in enumerate(params):
+        if p.default is p.empty:
+            heads.append(p.name)
+        else:
+            ns[f"_dt_d{k}"] = p.default
+            heads.append(f"{p.name}=_dt_d{k}")
+    names = ", ".join(p.name for p in params)
+    source = f"""def call({", ".join(heads)}):
+    _dt_me.calls += 1
+    _dt_fast = _dt_me._fast
+    if (
+        _dt_fast is not None
+        and _dt_fast[0] is (_dt_ctx.world or _dt_comm._mpi_world)
+        and not _dt_fast[1]
+        and not _dt_explain.active
+    ):
+        _dt_out = _dt_fast[2]([{names}])
+        if _dt_out is not None:
+            _dt_me.replays += 1
+            return _dt_out
+    return _dt_me._call(({names}{"," if params else ""}), {{}})
+"""
+    exec(source, ns)
+    call = ns["call"]
+    name = getattr(fn, "__name__", "step")
+    call.__code__ = call.__code__.replace(co_name=name, co_qualname=name)  # its errors name fn
+    call.__name__ = call.__qualname__ = name
+    return type("Compiled", (Compiled,), {"__call__": staticmethod(call)}), ns
+
+
 def compile(fn: Callable[..., Any] | None = None, *, warn: bool = True) -> Any:
     """``fn`` recorded while it runs and replayed as its array computations once two calls in
     a row record the same (Note [Compiled steps]); a decorator too (``@dt.compile``).
@@ -755,5 +819,5 @@ def compile(fn: Callable[..., Any] | None = None, *, warn: bool = True) -> Any:
     ``print``), records a gradient, falls back to Replicate or runs on device shards stays
     eager, with a RuntimeWarning (``warn=False``: none) and the reason in ``.why``."""
     if fn is None:
-        return lambda f: Compiled(f, warn=warn)
-    return Compiled(fn, warn=warn)
+        return lambda f: _compiled(f, warn)
+    return _compiled(fn, warn)

@@ -424,16 +424,17 @@ def test_recordings_kept_per_function_are_bounded(monkeypatch):
 
 
 # -- ranks that replay different steps ------------------------------------------------------------
-def diverging() -> str:
-    """Both ranks replay ``power_step``; then rank 1 replays a step of the same collectives
-    where rank 0 replays ``power_step`` again, and later rank 1 runs ``power_step`` op by op
-    where rank 0 replays it: RanksDiverged on both each time (collective)."""
+def diverging(n: int = 6) -> str:
+    """Both ranks replay ``power_step`` (of ``n`` unknowns: 7 gathers unequal parts); then
+    rank 1 replays a step of the same collectives where rank 0 replays ``power_step`` again,
+    and later rank 1 runs ``power_step`` op by op where rank 0 replays it: RanksDiverged on
+    both each time (collective)."""
     mesh = dt.ProcessMesh([0, 1])
 
     def other_step(A, v):  # the same collectives, of another tensor
         return power_step(A, 2 * v)
 
-    values, placements = _inputs("power", 6)
+    values, placements = _inputs("power", n)
     state = _place(values, placements, mesh)
     step, other = dt.compile(power_step), dt.compile(other_step)
     for _ in range(4):
@@ -455,6 +456,70 @@ def test_ranks_replaying_different_steps_raise_ranks_diverged():
     assert dt.simulate(2, diverging, timeout=30) == ["RanksDiverged,RanksDiverged"] * 2
 
 
+# -- how a compiled step is called ---------------------------------------------------------------
+def scaled_step(x, y, scale=2.0):
+    return {"z": x * scale + y}
+
+
+def test_calls_by_name_and_by_position_share_one_program():
+    """A step's parameters bind as the step binds them, so keyword and positional calls are
+    one key (a default is its value); another value of a parameter records again."""
+
+    def body():
+        mesh = dt.ProcessMesh([0, 1])
+        x = dt.shard_tensor(np.arange(7.0), mesh, [S0])
+        y = dt.shard_tensor(np.ones(7), mesh, [S0])
+        step = dt.compile(scaled_step)
+        calls = [
+            lambda: step(x, y),
+            lambda: step(x=x, y=y),
+            lambda: step(y=y, x=x),
+            lambda: step(x, y, 2.0),
+            lambda: step(x, y=y, scale=2.0),
+        ]
+        got = [c()["z"].numpy() for c in calls * 2]
+        before = step.recordings
+        other = [step(x, y, scale=3.0)["z"].numpy() for _ in range(4)]
+        return got, other, before, step.recordings, step.replays
+
+    got, other, before, recordings, replays = dt.simulate(2, body)[0]
+    for g in got:
+        np.testing.assert_array_equal(g, np.arange(7.0) * 2.0 + 1)
+    for g in other:
+        np.testing.assert_array_equal(g, np.arange(7.0) * 3.0 + 1)
+    assert before == 2 and recordings == 4, (before, recordings)  # two per value of scale
+    assert replays == 10 - 2 + 4 - 2, replays
+
+
+def test_a_call_that_does_not_bind_raises_the_steps_own_error():
+    step = dt.compile(scaled_step)
+    with pytest.raises(TypeError, match=r"^scaled_step\(\) missing 1 required positional argument"):
+        step(1.0)
+    with pytest.raises(TypeError, match=r"^scaled_step\(\) got an unexpected keyword argument 'w'"):
+        step(1.0, 2.0, w=3)
+    assert str(inspect.signature(step)) == "(x, y, scale=2.0)"
+
+
+def star_step(*xs, scale=1.0):
+    return {"z": xs[0] * scale + xs[1]}
+
+
+def test_a_step_of_any_signature_compiles():
+    """Variadic and keyword-only parameters: the general call, keys by position and name."""
+
+    def body():
+        mesh = dt.ProcessMesh([0, 1])
+        x = dt.shard_tensor(np.arange(5.0), mesh, [S0])
+        step = dt.compile(star_step)
+        got = [step(x, x, scale=0.5)["z"].numpy() for _ in range(5)]
+        return got, step.replays, type(step) is capture.Compiled
+
+    got, replays, generic = dt.simulate(2, body)[0]
+    for g in got:
+        np.testing.assert_array_equal(g, np.arange(5.0) * 1.5)
+    assert replays == 3 and generic
+
+
 # -- under mpiexec -----------------------------------------------------------------------------
 LINE = re.compile(r"^COMPILE (\S+) (.*)$", re.M)
 
@@ -467,7 +532,31 @@ def test_compiled_steps_under_mpiexec(n):
     found = dict(LINE.findall(out))
     assert found.get("grid") == "OK", out[-4000:]
     if n == 2:
-        assert found.get("diverged") == "RanksDiverged,RanksDiverged", out[-4000:]
+        assert found.get("diverged") == ",".join(["RanksDiverged"] * 4), out[-4000:]
+        assert found.get("compares") == "0", out[-4000:]
+
+
+def _slow_compares() -> int:
+    """The headers compared one by one (``MPIComm._compare``) in replays of a cg step whose
+    gather has unequal parts (7 rows), on two ranks: none, each rank's own payload size is
+    the one its header says (``Planned.sizes``)."""
+    from disttensor.comm import mpi
+
+    values, placements = _inputs("cg", 7)
+    state = _place(values, placements, dt.ProcessMesh([0, 1]))
+    step = dt.compile(cg_step)
+    for _ in range(STEPS):
+        state = _call(step, state)
+    compare, calls = mpi.MPIComm._compare, []
+    mpi.MPIComm._compare = staticmethod(lambda heads, fp: calls.append(1) or compare(heads, fp))
+    try:
+        replays = step.replays
+        for _ in range(4):
+            state = _call(step, state)
+        assert step.replays == replays + 4
+    finally:
+        mpi.MPIComm._compare = staticmethod(compare)
+    return len(calls)
 
 
 def main() -> None:
@@ -477,9 +566,12 @@ def main() -> None:
     if dt.get_rank() == 0:
         print(f"COMPILE grid {verdict}", flush=True)
     if world == 2:
-        found = diverging()
+        found = ",".join(diverging(n) for n in (6, 7))
         if dt.get_rank() == 0:
             print(f"COMPILE diverged {found}", flush=True)
+        slow = _slow_compares()
+        if dt.get_rank() == 0:
+            print(f"COMPILE compares {slow}", flush=True)
     sys.exit(0 if not failed else 1)
 
 
