@@ -239,6 +239,8 @@ class _Program:
             if t is Name:
                 return const(v.v)
             if t is tuple:
+                if _fixed(v):  # made once: a constant of the program
+                    return const(v)
                 inner = ", ".join(expr(x) for x in v)
                 return f"({inner},)" if v else "()"
             if t is list:
@@ -373,6 +375,17 @@ class _Program:
         lines.append(f"    _r = {const(call)}({buf})")
         lines += [f"    s{o} = {v}" for o, v in zip(outs, views)]
         return lines
+
+
+def _fixed(v: tuple) -> bool:
+    """Whether a recorded tuple argument is the same every call: it holds no array slot, no
+    ``Name`` (its value is passed) and no list or dict (which the call could change: made
+    anew each call), at any depth."""
+    for x in v:
+        t = type(x)
+        if t is Slot or t is Name or t is list or t is dict or (t is tuple and not _fixed(x)):
+            return False
+    return True
 
 
 def _guards(flat: list, const: Callable[[Any], str], canon: Callable[[Any], Any]) -> list:
