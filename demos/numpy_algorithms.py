@@ -559,9 +559,9 @@ def time_case(case: Case, comm, rounds: int, warmup: int = 1) -> dict[str, np.nd
         return clock.times
 
     def hand_run() -> list[float]:
-        counted = hw.Counted(comm, timed=True)
-        case.handwritten(counted, **case.inputs())
-        return counted.times
+        timed = hw.Timed(comm)
+        case.handwritten(timed, **case.inputs())
+        return timed.times
 
     variants = {"dt": dt_run, "compiled": compiled_run, "hand": hand_run}
     samples: dict[str, list] = {k: [] for k in variants}
