@@ -32,9 +32,9 @@ communicate: each collective on more than one rank, each Sendrecv that sends to 
 its ``mark()`` to the next ``mark()``, and counts nothing: its calls are the MPI calls alone,
 as a loop written by hand makes them (counting costs 3 to 5 % of these small iterations).
 Each ``*_bytes`` and ``*_calls`` function is the formula those counts follow per iteration,
-which the demo checks against the measurement on every rank (so that tests on simulated ranks, where there is no MPI, can
-use them). Results are gathered for checking with the raw communicator, uncounted, as the
-demo gathers dt's.
+which the demo checks against the measurement on every rank (so that tests on simulated
+ranks, where there is no MPI, can use them). Results are gathered for checking with the raw
+communicator, uncounted, as the demo gathers dt's.
 """
 
 from __future__ import annotations
