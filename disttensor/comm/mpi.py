@@ -542,7 +542,7 @@ class Planned:
             if recv is None:
                 recv = np.empty_like(send)
             if not carried:
-                c._allreduce(send, recv, self.arg)
+                c._allreduce(np.ascontiguousarray(send), recv, self.arg)
             elif pair is not None and recv.shape == send.shape:
                 pair(rows[0], rows[1], out=recv)
             else:
@@ -551,7 +551,7 @@ class Planned:
         if recv is None:
             recv = np.empty(self.full, self.dtype)
         if not carried:
-            c._allgather(send, recv, self.arg)
+            c._allgather(np.ascontiguousarray(send), recv, self.arg)
             return recv
         out = recv.reshape(-1)
         if self.bounds is None:  # equal parts: one copy
@@ -563,45 +563,51 @@ class Planned:
     def replay(self, fp: int, item: Any, lin: Any, other: Any) -> Any:
         """``carry`` for a compiled step's replay (Note [Compiled steps] in capture.py):
         ``f(send)``, the collective with fingerprint ``fp`` of the move named ``item`` of a
-        tensor of lineage ``lin``, everything it reads bound once; a send array the plan is
-        not for (another shape, dtype or layout) takes ``other(send)``. The result is a new
-        array, as ``carry``'s."""
+        tensor of lineage ``lin``, everything it reads bound once and its result's making
+        chosen once (two ranks); a send array the plan is not for (another shape or dtype)
+        takes ``other(send)``. The result is a new array, as ``carry``'s."""
         comm, e, kind, nbytes = self.comm, self.e, self.kind, self.nbytes
-        mine, head, gather, specs, q, at = self.mine, e.head, e.gather, e.specs, e.words, e.at
+        mine, head, (sp0, sp1), q, at = self.mine, e.head, e.specs, e.words, e.at
         ranks, shape, dtype, rows, carry = comm.ranks, self.shape, self.dtype, self.rows, self.carry
-        pair = self.pair if kind == "all_reduce" else None
-        r0, r1 = (rows[0], rows[1]) if pair is not None else (None, None)
-        gathers, flat = kind == "all_gather", self.bounds is None  # equal parts: one copy
-        enter, leave, observers, asarray = _WATCH_ENTER, _WATCH_EXIT, _observers, np.asarray
-        concatenate = np.concatenate
+        gather, enter, leave, observers = e.gather, _WATCH_ENTER, _WATCH_EXIT, _observers
         s0, s1 = self.sizes
+        pair = self.pair if kind == "all_reduce" else None
+        if pair is not None and shape == ():  # a 0-d sum: a 0-d view of a new 1-item array
+            r0, r1 = rows[0].reshape(1), rows[1].reshape(1)
+            made = lambda: pair(r0, r1).reshape(())  # noqa: E731
+        elif pair is not None:
+            made = functools.partial(pair, rows[0], rows[1])
+        elif kind == "all_gather":  # equal parts: one copy; else one call
+            made = rows.flatten if self.bounds is None else functools.partial(np.concatenate, rows)
+        else:
+            made = None
+        if not at or made is None:  # not two ranks, or a reduction of no one call
+            return lambda send: (
+                carry(send, None, fp, None, item, lin)
+                if type(send) is _ND and send.shape == shape and send.dtype == dtype
+                else other(send)
+            )
 
         def run(send: Any) -> Any:
             if (
-                type(send) is not _ND
-                or send.shape != shape
+                send.shape != shape
+                or type(send) is not _ND
                 or (send.dtype is not dtype and send.dtype != dtype)
-                or not send.flags.c_contiguous
             ):
                 return other(send)
-            if observers.fns or not at:  # counted, or not two ranks: the general call
+            if observers.fns:  # counted: the general call
                 return carry(send, None, fp, None, item, lin)
             comm._seq += 1
-            mine[...] = send
+            mine[...] = send  # any layout
             head[0] = fp
             head[1] = nbytes
             key = enter(kind, ranks)
             try:
-                gather(*specs)
+                gather(sp0, sp1)
             finally:
                 leave(key)
             if q[0] == q[at] == fp and q[1] == s0 and q[at + 1] == s1:
-                if pair is not None:
-                    out = pair(r0, r1)
-                    return out if type(out) is _ND else asarray(out)
-                if gathers:
-                    return rows.flatten() if flat else concatenate(rows)
-                return self._landed(send, None, True, None)
+                return made()
             carried = comm._compare(e.heads.tolist(), fp)
             if carried is None:
                 self._diverged(None, item, lin)
