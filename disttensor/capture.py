@@ -49,7 +49,8 @@ from .tensor import (
 #     constants, the recording becomes a program: generated straight-line Python that binds
 #     the inputs' arrays, calls each event's function (the very kernels and moves, so the
 #     values are the eager ones; a kernel called without keyword arguments may name the numpy
-#     function it then is, its ``plain``: matmul's ``np.matmul``) and wraps the results, with
+#     function it then calls on arrays like the recorded ones, its ``plain``: matmul's
+#     ``np.dot`` or ``np.matmul``) and wraps the results, with
 #     the remembered moves the eager step leaves on them (Note [One move per tensor]), so the
 #     next call's program finds them.
 #     Later calls with that key replay it; a call whose inputs lack a remembered move the
@@ -183,6 +184,7 @@ class _Program:
     def __init__(self, rec: Recorder, bound: list, outs: Any, tree: Any) -> None:
         self.events = rec.events
         self.shapes = [a.shape for a in rec.arrays]  # each slot's, as recorded
+        self.dtypes = [a.dtype for a in rec.arrays]
         # per slot how a replay binds it (``_bind``): ("local", leaf), ("memo", leaf, spec),
         # ("array", leaf), ("const", array), ("made",)
         self.bound = bound
@@ -292,7 +294,7 @@ class _Program:
                 o = f"s{outs[0]}"
                 k = fn.kernel
                 if not kwargs and getattr(k, "plain", None) is not None:
-                    k = k.plain
+                    k = k.plain(*(self._like(a) for a in args))
                 lines.append(f"    {o} = {const(k)}({', '.join(call)})")
                 if self.shapes[outs[0]] == ():
                     lines.append(f"    if type({o}) is not _ND: {o} = _asarray({o})")
@@ -352,6 +354,13 @@ class _Program:
         exec(source, ns)
         self.source = source
         return ns["run"]
+
+    def _like(self, a: Any) -> Any:
+        """A kernel's argument as recorded, for its ``plain``: a slot's shape and dtype (an
+        ``_Like``), a constant itself."""
+        if type(a) is Slot:
+            return _Like(len(self.shapes[a.i]), self.dtypes[a.i])
+        return a.v if type(a) is Name else a
 
     def _packed_inline(self, args: tuple, outs: tuple, call: Any, const: Callable) -> list:
         """``tensor._packed`` written out for a bare all-reduce ``call``: the parts copied
@@ -497,6 +506,15 @@ def _unchecked(args: tuple, world: Any, checked: set) -> tuple | None:
             return "_bare", raw
         return "_gathered", (dim, dim.memo[1], before.dtype, dim.memo[3])
     return None
+
+
+class _Like:
+    """A recorded array's ``ndim`` and ``dtype``: what a kernel's ``plain`` reads of it."""
+
+    __slots__ = ("ndim", "dtype")
+
+    def __init__(self, ndim: int, dtype: np.dtype) -> None:
+        self.ndim, self.dtype = ndim, dtype
 
 
 class _Mover:
