@@ -456,6 +456,48 @@ def test_ranks_replaying_different_steps_raise_ranks_diverged():
     assert dt.simulate(2, diverging, timeout=30) == ["RanksDiverged,RanksDiverged"] * 2
 
 
+def batched_step(X, W):
+    return {"Y": X @ W}  # a stack of matrices: np.matmul, not np.dot
+
+
+def _called(step) -> set:
+    """The numpy matrix products this rank's programs of ``step`` call."""
+    found = set()
+    for state in step._states.values():
+        for programs in state.programs.values():
+            for p in programs:
+                found |= {
+                    f.__name__ for f in p.flat.__globals__.values() if f in (np.dot, np.matmul)
+                }
+    return found
+
+
+def test_a_replay_calls_the_product_the_eager_kernel_calls():
+    """matmul's kernel computes float vectors' and matrices' products with np.dot and
+    stacks with np.matmul; a replay calls the same: the eager step's values exactly."""
+
+    def body():
+        mesh = dt.ProcessMesh([0, 1])
+        values, placements = _inputs("cg", 9)
+        state, ref = (_place(values, placements, mesh) for _ in range(2))
+        step = dt.compile(cg_step)
+        for _ in range(STEPS):
+            state, ref = _call(step, state), _call(cg_step, ref)
+        same = all(np.array_equal(state[k].numpy(), ref[k].numpy()) for k in ref)
+        g = np.random.default_rng(1)
+        X = dt.shard_tensor(g.standard_normal((4, 3, 5)), mesh, [S0])
+        W = dt.shard_tensor(g.standard_normal((5, 2)), mesh, [R])
+        batched = dt.compile(batched_step)
+        Y = [batched(X, W)["Y"].numpy() for _ in range(4)]
+        return same, _called(step), _called(batched), Y, (X @ W).numpy(), step.replays
+
+    same, cg_calls, stack_calls, Y, want, replays = dt.simulate(2, body)[0]
+    assert same and replays >= 3
+    assert cg_calls == {"dot"} and stack_calls == {"matmul"}, (cg_calls, stack_calls)
+    for y in Y:
+        np.testing.assert_array_equal(y, want)
+
+
 # -- how a compiled step is called ---------------------------------------------------------------
 def scaled_step(x, y, scale=2.0):
     return {"z": x * scale + y}

@@ -299,6 +299,35 @@ def test_einsum_ellipsis_broadcast():
     )
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.complex128, np.int64, np.float16])
+def test_the_host_matmul_kernel_is_numpys_matmul(dtype):
+    """The kernel calls np.dot for vectors and matrices of one BLAS dtype (np.matmul's BLAS
+    call without its dispatch) and np.matmul for the rest: numpy's matmul values, strided
+    operands, mixed dtypes and stacks included; ``plain`` names what it calls."""
+    from disttensor.ops import linalg
+
+    g = np.random.default_rng(3)
+
+    def arr(*shape):
+        a = g.standard_normal(shape) * 4
+        return (a + 1j * g.standard_normal(shape) if dtype is np.complex128 else a).astype(dtype)
+
+    M, N, v, w, T = arr(5, 7), arr(7, 3), arr(7), arr(5), arr(2, 5, 7)
+    cases = [(v, v), (M, v), (w, M), (M, N), (M[:, ::2], v[::2]), (M.T, w), (T, v), (T, N)]
+    cases.append((M, np.real(v).astype(np.float32 if dtype is np.float64 else np.float64)))
+    blas = np.dtype(dtype).char in "fdFD"
+    for x, y in cases:
+        want, got = np.matmul(x, y), linalg._matmul(x, y)
+        assert np.asarray(got).dtype == np.asarray(want).dtype and np.shape(got) == np.shape(want)
+        if np.dtype(dtype).kind in "iu":
+            np.testing.assert_array_equal(got, want)
+        else:
+            tol = 1e-2 if dtype is np.float16 else 1e-5 if dtype is np.float32 else 1e-12
+            np.testing.assert_allclose(got, want, rtol=tol, atol=tol * 10)
+        by_dot = blas and x.ndim <= 2 and y.ndim <= 2 and x.dtype == y.dtype
+        assert linalg._by_dot(x, y) is (np.dot if by_dot else np.matmul), (x.shape, y.shape)
+
+
 def test_matmul_0d_operand_error():
     """Regression (was: 'not enough values to unpack' from matmul_rule)."""
 
