@@ -848,7 +848,10 @@ def compile(fn: Callable[..., Any] | None = None, *, warn: bool = True) -> Any:
     values and arrays read from outside the arguments are constants of the recording (pass
     what changes as an argument). A step whose Python reads tensor data (``float(x)``,
     ``print``), records a gradient, falls back to Replicate or runs on device shards stays
-    eager, with a RuntimeWarning (``warn=False``: none) and the reason in ``.why``."""
+    eager, with a RuntimeWarning (``warn=False``: none) and the reason in ``.why``. Where
+    every parameter of ``fn`` is positional-or-keyword, a call binds its arguments as ``fn``
+    does: by name or by position is one call (a default is its value), and a call that does
+    not bind raises ``fn``'s own TypeError."""
     if fn is None:
         return lambda f: _compiled(f, warn)
     return _compiled(fn, warn)
