@@ -66,7 +66,8 @@ from .tensor import (
 #     raise RanksDiverged; the group's later one-step all-reduces and vector gathers are the
 #     bare MPI calls (``MPIComm.unchecked``, counted and watched), since every rank that
 #     passed the check runs the same code. The collectives are the eager step's, one check
-#     per group where the eager step checks each.
+#     per group where the eager step checks each. With the check off (DISTTENSOR_CHECK=0,
+#     ``agree.set_checks``) every one of them is bare; the setting is part of a program's key.
 #     A recording is refused, and the step stays eager with the reason in ``.why`` (and a
 #     RuntimeWarning), when a replay could differ from the eager run: data reached Python
 #     (``float(x)``, ``print``, ``x.numpy()``, ``to_local``), an array whose making was not
@@ -222,6 +223,7 @@ class _Program:
             "_W": mutation._WRITE,  # a written tensor's new lineage, as mutation._written
             "_ND": np.ndarray,
             "_asarray": np.asarray,
+            "_agree": agree,
             "_reduced": _all_reduce_unchecked,
             "_gathered": _all_gather_unchecked,
         }
@@ -268,6 +270,11 @@ class _Program:
             lines.append(f"    {''.join(f'a{k}, ' for k in range(n))}= L")
         if flat is not None:
             lines += _guards(flat, const, canon)
+            # the checks' setting the collectives were made for (part of the general key)
+            lines.append(
+                f"    if _agree.CHECK is not {agree.CHECK} or _agree.DEBUG is not {agree.DEBUG}: "
+                "return None"
+            )
         leaf_of_slot: dict[int, int] = {}
         for i, b in enumerate(self.bound):
             kind = b[0]
@@ -476,20 +483,23 @@ def _unchecked(args: tuple, world: Any, checked: set) -> tuple | None:
     fingerprint worked out once, in the collective's own message. A later one-step
     all-reduce, or gather of a vector, on that group (``checked`` holds the groups) makes the
     bare MPI call (``MPIComm.unchecked``): every rank runs the same code from there (Note
-    [Compiled steps]). The same on every rank: it depends on the specs alone."""
+    [Compiled steps]); with the check off, every such move is bare. The same on every rank:
+    it depends on the specs alone (and the check's setting, part of the program's key)."""
     _, spec, dst, how, name = args
     if how is None or how.cross or agree.DEBUG or not isinstance(spec, DistSpec):
         return None
-    hit = how.bind(world, spec)
+    hit = how.bound.get(id(world))  # execute's binding: its groups' memos (the gather's)
+    if hit is None or hit[0] is not world:
+        hit = how.bind(world, spec)
     if hit[1] is None or len(hit[2]) != 1:
         return None
     fn, before, step, dim = hit[2][0]
     group = (spec.mesh, step.mesh_dim)
-    if group not in checked:
+    if group not in checked and agree.CHECK:  # with the check off, every move bare
         checked.add(group)
         lin = name.v
         direct = how.direct
-        if direct and direct[0] is world and agree.CHECK:
+        if direct and direct[0] is world:
             plan, item = direct[1], direct[2]
             general = functools.partial(_general, (spec, dst, how, lin))
             return "_bare", plan.replay(plan.fingerprint(item, lin), item, lin, general)
@@ -676,7 +686,10 @@ class Compiled:
             return self.fn(*args, **kwargs)
         leaves: list = []
         ids: dict = {}
-        key = _flatten((args, kwargs, autograd._state.enabled), leaves, ids)
+        # the checks' setting too: a replay's collectives are made for it (_unchecked)
+        key = _flatten(
+            (args, kwargs, autograd._state.enabled, agree.CHECK, agree.DEBUG), leaves, ids
+        )
         if key is None:
             self._refuse("an argument that is not a tensor, array, Python value or container")
             return self.fn(*args, **kwargs)

@@ -573,6 +573,7 @@ def test_compiled_steps_under_mpiexec(n):
     assert code == 0, out[-4000:]
     found = dict(LINE.findall(out))
     assert found.get("grid") == "OK", out[-4000:]
+    assert found.get("checkoff") == "0,1,2,True", out[-4000:]  # two recordings, then replays
     if n == 2:
         assert found.get("diverged") == ",".join(["RanksDiverged"] * 4), out[-4000:]
         assert found.get("compares") == "0", out[-4000:]
@@ -601,6 +602,35 @@ def _slow_compares() -> int:
     return len(calls)
 
 
+def _checks_off() -> str:
+    """A cg step replayed with the check off (every collective bare: no checks), then on
+    again (the setting is part of the key: it records again, and its replays check once):
+    "checks off,checks on,recordings after,values equal" (collective)."""
+    from disttensor.comm import agree
+
+    values, placements = _inputs("cg", 7)
+    mesh = dt.ProcessMesh(list(range(dt.get_world_size())))
+    state, ref = (_place(values, placements, mesh) for _ in range(2))
+    step = dt.compile(cg_step)
+    prev = agree.set_checks(False)
+    try:
+        for _ in range(STEPS):
+            state, ref = _call(step, state), _call(cg_step, ref)
+        with dt.CommCounter() as off:
+            state, ref = _call(step, state), _call(cg_step, ref)
+        replays = step.replays
+    finally:
+        agree.set_checks(*prev)
+    recordings = step.recordings
+    for _ in range(4):
+        with dt.CommCounter() as on:
+            state = _call(step, state)
+        ref = _call(cg_step, ref)
+    same = all(np.allclose(state[k].numpy(), ref[k].numpy(), rtol=1e-12) for k in ref)
+    assert replays >= 3 and step.replays >= replays + 2
+    return f"{off.checks},{on.checks},{step.recordings - recordings},{same}"
+
+
 def main() -> None:
     world = dt.get_world_size()
     failed = grid(world)
@@ -614,6 +644,9 @@ def main() -> None:
         slow = _slow_compares()
         if dt.get_rank() == 0:
             print(f"COMPILE compares {slow}", flush=True)
+    off = _checks_off()
+    if dt.get_rank() == 0:
+        print(f"COMPILE checkoff {off}", flush=True)
     sys.exit(0 if not failed else 1)
 
 
