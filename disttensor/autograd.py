@@ -176,9 +176,10 @@ def _light(args: tuple, inputs: tuple) -> tuple[tuple, tuple]:
 
 
 # Writes into local arrays (Note [Mutation and autograd] in ops/mutation.py): the root buffer
-# of each written array -> (a weak reference to it, the _seq number of its latest write). Seq
-# numbers count down, so a write after a node was recorded has a smaller number than the node.
-_mutations: dict[int, tuple[Any, int]] = {}
+# of each written array -> [a weak reference to it, the _seq number of its latest write] (a
+# list: a later write of the buffer stores its number in place). Seq numbers count down, so a
+# write after a node was recorded has a smaller number than the node.
+_mutations: dict[int, list] = {}
 _last_mutation = [1]  # the smallest (latest) write number; 1: no write yet (seqs are <= 0)
 
 
@@ -194,13 +195,13 @@ def note_mutation(local: np.ndarray) -> None:
     if rec is not None and not rec.depth:  # dt.compile records: a write it replays?
         rec.wrote(local)
     seq = next(_seq)
-    root = _root(local)
+    root = local if local.base is None else _root(local)  # most: an array of its own
     i = id(root)
     hit = _mutations.get(i)
     if hit is not None and hit[0]() is root:
-        _mutations[i] = (hit[0], seq)
+        hit[1] = seq
     else:
-        _mutations[i] = (weakref.ref(root, lambda _, i=i: _mutations.pop(i, None)), seq)
+        _mutations[i] = [weakref.ref(root, lambda _, i=i: _mutations.pop(i, None)), seq]
     _last_mutation[0] = seq
 
 
