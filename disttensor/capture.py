@@ -416,8 +416,8 @@ def _guards(flat: list, const: Callable[[Any], str], canon: Callable[[Any], Any]
         if id(v) in seen:  # passed as the same object: the same again
             continue
         seen[id(v)] = k
-        types.append((k, type(v)))
         t = type(v)
+        types.append((k, t))
         (tensors if t is DistTensor else arrays if t is np.ndarray else values).append((k, v))
     lines = [f"    if {_tuple(f'type(a{k})' for k, _ in types)} != "
              f"{const(tuple(t for _, t in types))}: return None"]  # fmt: skip
@@ -473,7 +473,7 @@ def _literal(tree: Any, results: list, const: Callable[[Any], str]) -> str:
     inner = [_literal(v, results, const) for v in tree[1]]
     if t is list:
         return "[" + ", ".join(inner) + "]"
-    return "(" + "".join(f"{x}, " for x in inner) + ")"
+    return _tuple(inner)
 
 
 def _unchecked(args: tuple, world: Any, checked: set) -> tuple | None:
@@ -846,7 +846,10 @@ def _with_signature(fn: Callable[..., Any]) -> tuple[type, dict] | None:
     exec(source, ns)
     call = ns["call"]
     name = getattr(fn, "__name__", "step")
-    call.__code__ = call.__code__.replace(co_name=name, co_qualname=name)  # its errors name fn
+    names_it = {"co_name": name}  # its binding errors name fn
+    if hasattr(call.__code__, "co_qualname"):  # Python 3.11 on
+        names_it["co_qualname"] = name
+    call.__code__ = call.__code__.replace(**names_it)
     call.__name__ = call.__qualname__ = name
     return type("Compiled", (Compiled,), {"__call__": staticmethod(call)}), ns
 

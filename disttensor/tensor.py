@@ -47,6 +47,7 @@ class DistTensor:
                  "_spec", "requires_grad", "__weakref__")  # fmt: skip
 
     def __init__(self, local: np.ndarray, spec: DistSpec, requires_grad: bool = False) -> None:
+        # _made (a compiled step's results) sets the same slots, without this call
         self._local = local
         self._spec = spec
         self.requires_grad = requires_grad

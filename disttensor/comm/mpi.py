@@ -521,8 +521,13 @@ class Planned:
                 out = pair(self.rows[0], self.rows[1])
                 return out if type(out) is _ND else np.asarray(out)  # 0-d: a numpy scalar
             return self._landed(send, recv, True, obs)
-        # a fingerprint differs, or a payload is not host memory
-        carried = c._compare(e.heads.tolist(), fp)
+        return self._unmatched(send, recv, fp, stack, item, lin, obs)
+
+    def _unmatched(self, send, recv, fp: int, stack: Any, item: Any, lin: Any, obs: Any):
+        """The collective's result where the two headers' fast comparison failed: a
+        fingerprint differs (RanksDiverged on every rank), or a payload is not host memory,
+        or the group is not of two ranks (``carry``, ``replay``)."""
+        carried = self.comm._compare(self.e.heads.tolist(), fp)
         if carried is None:
             self._diverged(stack, item, lin)
         return self._landed(send, recv, carried, obs)
@@ -608,10 +613,7 @@ class Planned:
                 leave(key)
             if q[0] == q[at] == fp and q[1] == s0 and q[at + 1] == s1:
                 return made()
-            carried = comm._compare(e.heads.tolist(), fp)
-            if carried is None:
-                self._diverged(None, item, lin)
-            return self._landed(send, None, carried, None)
+            return self._unmatched(send, None, fp, None, item, lin, None)
 
         return run
 
