@@ -551,14 +551,9 @@ def time_case(case: Case, comm, rounds: int, warmup: int = 1) -> dict[str, np.nd
     max over the ranks; the first iteration of each run is left out (see ``steady``)."""
     from mpi4py import MPI
 
-    def dt_run() -> list[float]:
+    def dt_run(step=None) -> list[float]:  # the step: the case's, or compiled(case)
         clock = _Clock(comm)
-        _run(case, shard_inputs(case), clock=clock)
-        return clock.times
-
-    def compiled_run() -> list[float]:
-        clock = _Clock(comm)
-        _run(case, shard_inputs(case), clock=clock, step=compiled(case))
+        _run(case, shard_inputs(case), clock=clock, step=step)
         return clock.times
 
     def hand_run() -> list[float]:
@@ -566,7 +561,7 @@ def time_case(case: Case, comm, rounds: int, warmup: int = 1) -> dict[str, np.nd
         case.handwritten(timed, **case.inputs())
         return timed.times
 
-    variants = {"dt": dt_run, "compiled": compiled_run, "hand": hand_run}
+    variants = {"dt": dt_run, "compiled": partial(dt_run, compiled(case)), "hand": hand_run}
     samples: dict[str, list] = {k: [] for k in variants}
     for r in range(warmup + rounds):
         for k in sorted(variants, reverse=r % 2 == 1):
