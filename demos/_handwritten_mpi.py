@@ -64,8 +64,6 @@ class Counted:
         self.sent = 0
         self.calls = 0
         self.marks: list[tuple[int, int]] = []
-        self.times: list[float] = []  # this rank's seconds of each iteration (Timed)
-        self._t0 = 0.0  # Timed: when the iteration now running started
         self._counts: dict[tuple, list[int]] = {}  # Allgatherv's counts by output shape
 
     def mark(self) -> None:
@@ -127,6 +125,8 @@ class Timed(Counted):
     def __init__(self, comm) -> None:
         super().__init__(comm)
         self._in_place, self._sum = self.MPI.IN_PLACE, self.MPI.SUM
+        self.times: list[float] = []  # this rank's seconds of each iteration
+        self._t0 = 0.0  # when the iteration now running started
 
     def mark(self) -> None:
         """The clock of an iteration stops here, before the barrier that starts the next one,
@@ -135,9 +135,6 @@ class Timed(Counted):
             self.times.append(time.perf_counter() - self._t0)
         self.comm.Barrier()
         self._t0 = time.perf_counter()
-
-    def _collective(self, nbytes: int) -> None:
-        pass
 
     def Allreduce(self, buf: np.ndarray) -> None:
         self.comm.Allreduce(self._in_place, buf, op=self._sum)
